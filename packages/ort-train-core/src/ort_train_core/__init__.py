@@ -1,0 +1,71 @@
+"""Train ONNX graphs with onnxruntime-training.
+
+Importing this package checks that the *training* build of onnxruntime is installed and raises
+:class:`TrainingRuntimeError` (an ImportError) with the pip commands that fix it otherwise.
+"""
+
+from ._version import __version__
+from .exceptions import (
+    ConvergenceError,
+    ConvergenceWarning,
+    GraphNotDifferentiableError,
+    TrainingRuntimeError,
+)
+from ._runtime import C as _C  # noqa: F401  (the runtime check happens here)
+from .callbacks import Callback, EarlyStopping, EpochPrinter, ProgressBar
+from .graph import (
+    add_loss_output,
+    default_weights_to_train,
+    initializers_to_inputs,
+    inputs_to_initializers,
+    prediction_graph,
+)
+from .learning_rate import (
+    BaseLearningRate,
+    LearningRateAdam,
+    LearningRateSGD,
+    LearningRateSGDNesterov,
+)
+from .losses import (
+    AbsoluteLearningLoss,
+    BaseLearningLoss,
+    BaseLearningPenalty,
+    CrossEntropyLearningLoss,
+    ElasticLearningLoss,
+    ElasticLearningPenalty,
+    NegLogLearningLoss,
+    NoLearningPenalty,
+    SquareLearningLoss,
+)
+from .optimizer import OrtGradientOptimizer
+
+__all__ = [
+    "AbsoluteLearningLoss",
+    "BaseLearningLoss",
+    "BaseLearningPenalty",
+    "BaseLearningRate",
+    "Callback",
+    "ConvergenceError",
+    "ConvergenceWarning",
+    "CrossEntropyLearningLoss",
+    "EarlyStopping",
+    "ElasticLearningLoss",
+    "ElasticLearningPenalty",
+    "EpochPrinter",
+    "GraphNotDifferentiableError",
+    "LearningRateAdam",
+    "LearningRateSGD",
+    "LearningRateSGDNesterov",
+    "NegLogLearningLoss",
+    "NoLearningPenalty",
+    "OrtGradientOptimizer",
+    "ProgressBar",
+    "SquareLearningLoss",
+    "TrainingRuntimeError",
+    "__version__",
+    "add_loss_output",
+    "default_weights_to_train",
+    "initializers_to_inputs",
+    "inputs_to_initializers",
+    "prediction_graph",
+]

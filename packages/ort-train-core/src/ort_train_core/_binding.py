@@ -1,0 +1,100 @@
+"""OrtValues on a device and a cached IOBinding.
+
+Trap (ORT_FACTS.md): ``OrtValue.ortvalue_from_numpy`` neither copies a contiguous array nor keeps
+it alive, so every OrtValue made here is stored beside the array it views.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from onnx import ModelProto
+
+from ._runtime import C, Device
+
+
+class DeviceArray:
+    """A tensor that lives on a device, owned by this object.
+
+    On CPU the OrtValue views ``self.host`` (zero copy, writes visible to onnxruntime at once).
+    """
+
+    __slots__ = ("device", "host", "ortvalue")
+
+    def __init__(self, value: np.ndarray, device: Device, copy: bool = True) -> None:
+        self.device = device
+        arr = np.array(value, copy=True, order="C") if copy else np.ascontiguousarray(value)
+        if device.kind == "cpu":
+            self.host: np.ndarray | None = arr
+            self.ortvalue = C.OrtValue.ortvalue_from_numpy(arr, device.ort_device)
+        else:
+            self.host = None
+            self.ortvalue = C.OrtValue.ortvalue_from_shape_and_type(
+                list(arr.shape), arr.dtype, device.ort_device
+            )
+            self.ortvalue.update_inplace(arr)
+
+    @classmethod
+    def zeros(cls, shape: tuple[int, ...], dtype: Any, device: Device) -> DeviceArray:
+        return cls(np.zeros(shape, dtype=dtype), device, copy=False)
+
+    def read(self) -> np.ndarray:
+        """A host copy."""
+        if self.host is not None:
+            return self.host.copy()
+        return np.asarray(self.ortvalue.numpy())
+
+    def write(self, value: np.ndarray) -> None:
+        """Overwrites the content in place: bindings that hold this buffer stay valid."""
+        if self.host is not None:
+            np.copyto(self.host, value, casting="same_kind")
+        else:
+            self.ortvalue.update_inplace(np.ascontiguousarray(value, dtype=self.dtype))
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.host.dtype if self.host is not None else np.dtype(self.ortvalue.numpy().dtype)
+
+
+class CachedBinding:
+    """A SessionIOBinding that binds an input again only when its data pointer changed."""
+
+    __slots__ = ("_bound", "binding", "n_binds", "session")
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.binding = C.SessionIOBinding(session)
+        self._bound: dict[str, Any] = {}
+        self.n_binds = 0
+
+    def bind_input(self, name: str, ortvalue: Any) -> None:
+        last = self._bound.get(name)
+        if last is ortvalue:
+            return
+        if last is not None and last.data_ptr() == ortvalue.data_ptr() and last.shape() == ortvalue.shape():
+            self._bound[name] = ortvalue  # keep the new owner alive
+            return
+        self.binding.bind_ortvalue_input(name, ortvalue)
+        self._bound[name] = ortvalue
+        self.n_binds += 1
+
+    def bind_output(self, name: str, ortvalue: Any) -> None:
+        self.binding.bind_ortvalue_output(name, ortvalue)
+        self._bound["->" + name] = ortvalue
+
+    def run(self) -> None:
+        self.session.run_with_iobinding(self.binding, None)
+
+
+def make_session(model: ModelProto, device: Device, threads: int | None = None) -> Any:
+    """A C-level inference session (the training build registers the gradient ops)."""
+    so = C.SessionOptions()
+    so.log_severity_level = 3
+    if threads:
+        so.intra_op_num_threads = threads
+    sess = C.InferenceSession(so, model.SerializeToString(), False, False)
+    providers = [p if isinstance(p, str) else p[0] for p in device.providers]
+    options = [{} if isinstance(p, str) else p[1] for p in device.providers]
+    sess.initialize_session(providers, options, set())
+    return sess

@@ -1,0 +1,83 @@
+"""A small helper to append nodes to an ONNX graph: unique names, typed constants, and the
+opset-dependent forms of reductions. Losses, penalties and optimizer updates all emit their
+math through it, so the same code writes the fused step graph and the small standalone graphs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+from onnx import NodeProto, TensorProto, helper, numpy_helper
+
+
+class NodeBuilder:
+    """Collects nodes; every name it makes is unique among ``taken`` and its own names."""
+
+    def __init__(self, elem_type: int, opset: int, taken: Iterable[str] = (), prefix: str = "") -> None:
+        self.elem_type = elem_type
+        self.np_dtype = helper.tensor_dtype_to_np_dtype(elem_type)
+        self.opset = opset
+        self.nodes: list[NodeProto] = []
+        self._taken = set(taken)
+        self._prefix = prefix
+
+    def name(self, hint: str) -> str:
+        base = f"{self._prefix}{hint}"
+        candidate, i = base, 0
+        while candidate in self._taken:
+            i += 1
+            candidate = f"{base}_{i}"
+        self._taken.add(candidate)
+        return candidate
+
+    def op(self, op_type: str, inputs: Sequence[str], hint: str | None = None, **attrs: object) -> str:
+        out = self.name(hint or op_type.lower())
+        self.nodes.append(
+            helper.make_node(op_type, list(inputs), [out], name=self.name(f"n_{op_type}"), **attrs)
+        )
+        return out
+
+    def const(self, value: float | np.ndarray, hint: str = "cst", dtype: object = None) -> str:
+        """A Constant node (not an initializer, so it is never taken for a trainable weight).
+
+        Values are rounded to the graph's float type from double precision: ``1 - beta2`` must
+        be computed before the cast, not after.
+        """
+        arr = np.asarray(value, dtype=np.float64 if dtype is None else dtype)
+        if dtype is None:
+            arr = arr.astype(self.np_dtype)
+        out = self.name(hint)
+        self.nodes.append(
+            helper.make_node(
+                "Constant", [], [out], name=self.name("n_Constant"),
+                value=numpy_helper.from_array(arr, out),
+            )
+        )
+        return out
+
+    def int_const(self, values: Sequence[int], hint: str = "axes") -> str:
+        return self.const(np.array(values, dtype=np.int64), hint, dtype=np.int64)
+
+    def reduce(self, op_type: str, x: str, axes: Sequence[int] | None, keepdims: int = 0,
+               hint: str | None = None) -> str:
+        """ReduceSum/ReduceMean with axes as an input (opset >= 13/18) or an attribute."""
+        axes_as_input = self.opset >= (13 if op_type == "ReduceSum" else 18)
+        if axes is None:
+            return self.op(op_type, [x], hint, keepdims=keepdims)
+        if axes_as_input:
+            return self.op(op_type, [x, self.int_const(axes)], hint, keepdims=keepdims)
+        return self.op(op_type, [x], hint, keepdims=keepdims, axes=list(axes))
+
+    def sum_all(self, x: str, hint: str | None = None) -> str:
+        return self.reduce("ReduceSum", x, None, 0, hint)
+
+    def cast(self, x: str, to: int | None = None, hint: str | None = None) -> str:
+        return self.op("Cast", [x], hint, to=self.elem_type if to is None else to)
+
+
+def tensor_elem_type(dtype: np.dtype) -> int:
+    return int(helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
+
+
+FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)

@@ -1,0 +1,149 @@
+"""Input validation and the device-resident batches of one fit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._binding import DeviceArray
+from ._runtime import C, Device
+
+
+@dataclass
+class DataSpec:
+    """What the graph expects: feature count (None when free), dtypes, label layout."""
+
+    n_features: int | None
+    feature_dtype: np.dtype
+    label_dtype: np.dtype
+    label_tail: tuple[int | None, ...]
+    has_weight: bool
+
+
+def _as_numeric(name: str, value: Any) -> np.ndarray:
+    arr = np.asarray(value)
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+        raise TypeError(f"{name} must hold numbers, got dtype {arr.dtype}; convert it with astype(float)")
+    if np.issubdtype(arr.dtype, np.complexfloating):
+        raise TypeError(f"{name} is complex; only real numbers can be trained on")
+    return arr
+
+
+def _check_finite(name: str, arr: np.ndarray) -> None:
+    if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
+        bad = int(np.count_nonzero(~np.isfinite(arr)))
+        raise ValueError(f"{name} contains {bad} NaN or infinite value(s); remove or impute them first")
+
+
+def check_fit_arrays(
+    spec: DataSpec, X: Any, y: Any, sample_weight: Any = None, prefix: str = ""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Validated C-contiguous copies (or views) in the graph's dtypes; never trains on garbage."""
+    Xa = _as_numeric(f"{prefix}X", X)
+    if Xa.ndim != 2:
+        raise ValueError(f"{prefix}X must be 2-D (n_samples, n_features), got shape {Xa.shape}")
+    n = Xa.shape[0]
+    if n == 0:
+        raise ValueError(f"{prefix}X has no rows")
+    if spec.n_features is not None and Xa.shape[1] != spec.n_features:
+        raise ValueError(
+            f"{prefix}X has {Xa.shape[1]} features but the model expects {spec.n_features}"
+        )
+    Xc = np.ascontiguousarray(Xa, dtype=spec.feature_dtype)
+    if np.issubdtype(Xa.dtype, np.floating):
+        _check_finite(f"{prefix}X", Xa)
+    _check_finite(f"{prefix}X (after the cast to {spec.feature_dtype})", Xc)
+    ya = _as_numeric(f"{prefix}y", y)
+    if ya.ndim == 0 or ya.shape[0] != n:
+        raise ValueError(f"{prefix}y has {ya.shape[0] if ya.ndim else 0} rows but X has {n}")
+    _check_finite(f"{prefix}y", ya)
+    if np.issubdtype(spec.label_dtype, np.integer):
+        if ya.ndim != 1:
+            ya = ya.reshape(n, -1)
+            if ya.shape[1] != 1:
+                raise ValueError(f"{prefix}y must hold one class index per row, got shape {ya.shape}")
+            ya = ya[:, 0]
+        if np.issubdtype(ya.dtype, np.floating) and not np.array_equal(ya, np.round(ya)):
+            raise ValueError(f"{prefix}y must hold integer class indices for this loss, got fractions")
+        if (ya < 0).any():
+            raise ValueError(f"{prefix}y holds negative class indices; encode classes as 0..K-1")
+        yc = np.ascontiguousarray(ya, dtype=spec.label_dtype)
+    else:
+        tail = spec.label_tail
+        if ya.ndim == 1 and len(tail) == 1 and tail[0] in (1, None):
+            ya = ya.reshape(n, 1)
+        elif ya.ndim == 2 and not tail and ya.shape[1] == 1:
+            ya = ya[:, 0]
+        if ya.ndim != len(tail) + 1 or any(d is not None and d != k for d, k in zip(tail, ya.shape[1:])):
+            want = ", ".join(["n", *(str(d) if d is not None else "?" for d in tail)])
+            raise ValueError(f"{prefix}y has shape {ya.shape} but the model's label expects ({want})")
+        yc = np.ascontiguousarray(ya, dtype=spec.label_dtype)
+    wc = None
+    if sample_weight is not None:
+        if not spec.has_weight:
+            raise ValueError(
+                "sample_weight was given but the model has no sample-weight input; build it with "
+                "add_loss_output(..., weight_name='weight')"
+            )
+        wa = _as_numeric(f"{prefix}sample_weight", sample_weight)
+        if wa.ndim != 1 or wa.shape[0] != n:
+            raise ValueError(f"{prefix}sample_weight must have shape ({n},), got {wa.shape}")
+        _check_finite(f"{prefix}sample_weight", wa)
+        if (wa < 0).any():
+            raise ValueError(f"{prefix}sample_weight holds negative values; weights must be >= 0")
+        if not wa.any():
+            raise ValueError(f"{prefix}sample_weight is all zeros: there is nothing to learn from")
+        wc = np.ascontiguousarray(wa, dtype=spec.feature_dtype)
+    elif spec.has_weight:
+        wc = np.ones(n, dtype=spec.feature_dtype)
+    return Xc, yc, wc
+
+
+class BatchStore:
+    """The training arrays on the device once per fit, cut into fixed batch views.
+
+    On CPU the batch OrtValues view one buffer; a shuffled epoch rewrites that buffer in place
+    (one gather per epoch) so that every batch keeps its data pointer and its binding. On CUDA
+    each batch is its own device tensor, uploaded once (and again per shuffled epoch).
+    """
+
+    def __init__(self, arrays: list[np.ndarray], batch_size: int, device: Device, shuffle: bool) -> None:
+        n = arrays[0].shape[0]
+        self.n = n
+        self.bounds = [(s, min(s + batch_size, n)) for s in range(0, n, batch_size)]
+        self.sources = arrays
+        self.device = device
+        self.batches: list[list[Any]] = []
+        self._keep: list[Any] = []
+        if device.kind == "cpu":
+            self.buffers = [np.empty_like(a) for a in arrays] if shuffle else arrays
+            for s, e in self.bounds:
+                views = [buf[s:e] for buf in self.buffers]
+                self._keep.append(views)
+                self.batches.append([C.OrtValue.ortvalue_from_numpy(v, device.ort_device) for v in views])
+        else:
+            self.buffers = []
+            self._device_batches = [[DeviceArray(a[s:e], device) for a in arrays] for s, e in self.bounds]
+            self.batches = [[d.ortvalue for d in row] for row in self._device_batches]
+
+    def load(self, order: np.ndarray | None) -> None:
+        """Puts the rows in ``order`` (None keeps the current content)."""
+        if order is None:
+            return
+        if self.device.kind == "cpu":
+            for src, buf in zip(self.sources, self.buffers):
+                np.take(src, order, axis=0, out=buf)
+        else:
+            for (s, e), row in zip(self.bounds, self._device_batches):
+                idx = order[s:e]
+                for src, dev in zip(self.sources, row):
+                    dev.write(src[idx])
+
+    def batch_totals(self, weights: np.ndarray | None, order: np.ndarray | None) -> np.ndarray:
+        """Each batch's total sample weight (its weight in the epoch's mean loss)."""
+        if weights is None:
+            return np.array([e - s for s, e in self.bounds], dtype=np.float64)
+        w = weights if order is None else weights[order]
+        return np.add.reduceat(w.astype(np.float64), [s for s, _ in self.bounds])

@@ -1,0 +1,70 @@
+"""scikit-learn's parameter protocol without depending on scikit-learn: ``__init__`` stores its
+arguments under the same names, and these methods read them back through the signature."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from typing import Any, TypeVar
+
+T = TypeVar("T", bound="ParamsMixin")
+
+
+class ParamsMixin:
+    @classmethod
+    def _param_names(cls) -> list[str]:
+        sig = inspect.signature(cls.__init__)
+        return [
+            p.name for p in sig.parameters.values()
+            if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+        ]
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in self._param_names():
+            value = getattr(self, name)
+            out[name] = value
+            if deep and hasattr(value, "get_params") and not isinstance(value, type):
+                for key, sub in value.get_params(deep=True).items():
+                    out[f"{name}__{key}"] = sub
+        return out
+
+    def set_params(self: T, **params: Any) -> T:
+        valid = self._param_names()
+        nested: dict[str, dict[str, Any]] = {}
+        for key, value in params.items():
+            name, _, sub = key.partition("__")
+            if name not in valid:
+                raise ValueError(
+                    f"invalid parameter {name!r} for {type(self).__name__}; valid ones: {valid}"
+                )
+            if sub:
+                nested.setdefault(name, {})[sub] = value
+            else:
+                setattr(self, name, value)
+        for name, sub_params in nested.items():
+            getattr(self, name).set_params(**sub_params)
+        self._on_params_changed()
+        return self
+
+    def _on_params_changed(self) -> None:
+        """Hook for objects that cache what their parameters build (graphs, sessions)."""
+
+    def clone(self: T) -> T:
+        """A new unfitted object with deep copies of the same parameters."""
+        return type(self)(**copy.deepcopy(self.get_params(deep=False)))
+
+    def __repr__(self) -> str:
+        sig = inspect.signature(type(self).__init__)
+        parts = []
+        for name in self._param_names():
+            value = getattr(self, name)
+            default = sig.parameters[name].default
+            try:
+                same = bool(value == default) if not hasattr(value, "SerializeToString") else False
+            except (ValueError, TypeError):
+                same = False
+            if not same:
+                shown = f"<{type(value).__name__}>" if hasattr(value, "SerializeToString") else repr(value)
+                parts.append(f"{name}={shown}")
+        return f"{type(self).__name__}({', '.join(parts)})"

@@ -1,0 +1,129 @@
+"""Finds the onnxruntime *training* build and turns device strings into onnxruntime devices.
+
+``import onnxruntime`` probes ``onnxruntime.training.ortmodule``, which imports torch (a second
+of start-up, and torch in ``sys.modules``). Core never needs ORTModule, so that probe is masked
+while onnxruntime is imported the first time; ``onnxruntime.training`` stays importable later.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from .exceptions import TrainingRuntimeError
+
+TRAINING_PACKAGES = ("onnxruntime-training", "onnxruntime-training-cpu")
+_OTHER_PACKAGES = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino")
+PIP_FIX_CPU = 'pip install "ort-train-core[cpu]"'
+PIP_FIX_CUDA = 'pip install "ort-train-core[cuda]"'
+
+
+def installed_onnxruntime_distributions() -> dict[str, str]:
+    """Names and versions of every installed distribution that provides ``onnxruntime/``."""
+    found: dict[str, str] = {}
+    for name in (*TRAINING_PACKAGES, *_OTHER_PACKAGES):
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def _fix_message(installed: dict[str, str]) -> str:
+    others = [name for name in installed if name not in TRAINING_PACKAGES]
+    steps = []
+    if others:
+        steps.append("pip uninstall -y " + " ".join(others + list(TRAINING_PACKAGES)))
+    steps.append(f"{PIP_FIX_CPU}   (CPU)   or   {PIP_FIX_CUDA}   (CUDA)")
+    what = ", ".join(f"{k}=={v}" for k, v in installed.items()) or "no onnxruntime package"
+    return (
+        f"Installed: {what}. All onnxruntime builds share the folder 'onnxruntime/', so the last "
+        "one installed wins. Fix with:\n    " + "\n    ".join(steps)
+    )
+
+
+def _import_onnxruntime() -> ModuleType:
+    if "onnxruntime" in sys.modules:
+        return sys.modules["onnxruntime"]
+    masked = "onnxruntime.training.ortmodule"
+    had = masked in sys.modules
+    if not had and "torch" not in sys.modules:
+        sys.modules[masked] = None  # type: ignore[assignment]
+    try:
+        import onnxruntime
+    finally:
+        if not had and sys.modules.get(masked, 0) is None:
+            del sys.modules[masked]
+    return onnxruntime
+
+
+def load_capi() -> Any:
+    """Returns ``onnxruntime.capi._pybind_state`` of a training build or raises."""
+    try:
+        _import_onnxruntime()
+        from onnxruntime.capi import _pybind_state as capi
+    except ImportError as exc:
+        raise TrainingRuntimeError(
+            f"onnxruntime cannot be imported ({exc}). "
+            + _fix_message(installed_onnxruntime_distributions())
+        ) from exc
+    try:
+        from onnxruntime.capi.build_and_package_info import package_name
+    except ImportError:
+        package_name = "unknown"
+    if package_name not in TRAINING_PACKAGES or not hasattr(capi, "GradientGraphBuilder"):
+        raise TrainingRuntimeError(
+            f"ort-train needs the training build of onnxruntime 1.19.2, but the imported "
+            f"onnxruntime is '{package_name}'. "
+            + _fix_message(installed_onnxruntime_distributions())
+        )
+    return capi
+
+
+C = load_capi()
+
+
+@dataclass(frozen=True)
+class Device:
+    """A parsed device string: ``'cpu'``, ``'cuda'`` or ``'cuda:N'``."""
+
+    kind: str
+    index: int = 0
+
+    def __str__(self) -> str:
+        return self.kind if self.kind == "cpu" else f"{self.kind}:{self.index}"
+
+    @property
+    def ort_device(self) -> Any:
+        kind = C.OrtDevice.cpu() if self.kind == "cpu" else C.OrtDevice.cuda()
+        return C.OrtDevice(kind, C.OrtDevice.default_memory(), self.index)
+
+    @property
+    def providers(self) -> list[Any]:
+        if self.kind == "cpu":
+            return ["CPUExecutionProvider"]
+        return [("CUDAExecutionProvider", {"device_id": str(self.index)}), "CPUExecutionProvider"]
+
+
+def parse_device(device: str | Device) -> Device:
+    """Validates a device string and checks that the installed build can run on it."""
+    if isinstance(device, Device):
+        return device
+    if not isinstance(device, str):
+        raise TypeError(f"device must be a string such as 'cpu' or 'cuda:0', not {device!r}")
+    text = device.strip().lower()
+    if text == "cpu":
+        return Device("cpu")
+    kind, _, index = text.partition(":")
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise ValueError(f"unknown device {device!r}: use 'cpu', 'cuda' or 'cuda:N' (N >= 0)")
+    if "CUDAExecutionProvider" not in C.get_available_providers():
+        raise ValueError(
+            f"device {device!r} needs the CUDA build of onnxruntime-training, but the installed "
+            f"build only offers {C.get_available_providers()}. Install it with "
+            f"'pip uninstall -y onnxruntime-training-cpu && {PIP_FIX_CUDA}'."
+        )
+    return Device("cuda", int(index or 0))

@@ -1,0 +1,35 @@
+"""Exceptions and warnings raised by ort-train.
+
+They live in a module that imports nothing from onnxruntime so that they can be caught
+even when the runtime check of the package fails.
+"""
+
+from __future__ import annotations
+
+
+class TrainingRuntimeError(ImportError):
+    """No usable *training* build of onnxruntime is installed.
+
+    It derives from ImportError because it is raised while ``ort_train_core`` is imported.
+    """
+
+
+class ConvergenceError(RuntimeError):
+    """The training loss became NaN or infinite.
+
+    The trainer restored the weights and optimizer state of the last finite state (the end of
+    the last complete epoch) before raising, so the model stays usable.
+    """
+
+    def __init__(self, message: str, epoch: int, batch: int) -> None:
+        super().__init__(message)
+        self.epoch = epoch
+        self.batch = batch
+
+
+class ConvergenceWarning(UserWarning):
+    """Training stopped at ``max_iter`` before the stopping criterion (``tol``) was met."""
+
+
+class GraphNotDifferentiableError(ValueError):
+    """The gradient graph cannot be built: an operator on the path to the loss has no gradient."""

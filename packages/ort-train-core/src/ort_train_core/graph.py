@@ -1,0 +1,363 @@
+"""Pure ONNX graph building: the loss output, trainable weights, weights <-> inputs, pruning,
+and the IR/opset normalisation that onnxruntime 1.19 needs. No session is created here."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import ModelProto, TensorProto, helper, numpy_helper
+
+from ._builder import FLOAT_TYPES, NodeBuilder
+from .exceptions import GraphNotDifferentiableError
+from .losses import BaseLearningLoss, make_loss, penalty_term, reduce_rows
+
+MAX_IR_VERSION = 10
+MAX_OPSET = 21
+MIN_OPSET = 13
+META_PREFIX = "ort_train."
+
+#: hints for operators that have no gradient, keyed by (domain, op_type)
+_BLOCKING_HINTS = {
+    ("ai.onnx.ml", "LinearRegressor"): "convert with skl2onnx.to_onnx(..., black_op={'LinearRegressor'}) "
+    "to get MatMul/Add with float initializers",
+    ("ai.onnx.ml", "LinearClassifier"): "convert with skl2onnx.to_onnx(..., black_op={'LinearClassifier'}, "
+    "options={'zipmap': False}) and cut the graph at its logits",
+    ("ai.onnx.ml", "ZipMap"): "convert with options={'zipmap': False}",
+}
+
+
+def _opset(model: ModelProto, domain: str = "") -> int:
+    for op in model.opset_import:
+        if op.domain in (domain, "ai.onnx" if domain == "" else domain):
+            return int(op.version)
+    return 0
+
+
+def normalise_model(model: ModelProto) -> ModelProto:
+    """A copy with IR version <= 10 and a default opset in [13, 21], as onnxruntime 1.19 needs."""
+    model = _copy(model)
+    opset = _opset(model)
+    if opset and not MIN_OPSET <= opset <= MAX_OPSET:
+        target = min(max(opset, MIN_OPSET), MAX_OPSET)
+        try:
+            from onnx import version_converter
+
+            converted = version_converter.convert_version(model, target)
+        except Exception as exc:
+            raise ValueError(
+                f"the model uses opset {opset} of the default domain; onnxruntime 1.19 needs "
+                f"{MIN_OPSET} to {MAX_OPSET} and the conversion to {target} failed ({exc}). "
+                f"Export the model again with target_opset={target}."
+            ) from exc
+        _copy_meta(model, converted)
+        model = converted
+    if model.ir_version > MAX_IR_VERSION or model.ir_version == 0:
+        model.ir_version = MAX_IR_VERSION
+    return model
+
+
+def _copy(model: ModelProto) -> ModelProto:
+    out = ModelProto()
+    out.CopyFrom(model)
+    return out
+
+
+def _copy_meta(src: ModelProto, dst: ModelProto) -> None:
+    keep = {p.key for p in dst.metadata_props}
+    for prop in src.metadata_props:
+        if prop.key not in keep:
+            dst.metadata_props.add(key=prop.key, value=prop.value)
+
+
+def get_metadata(model: ModelProto, key: str) -> Any:
+    for prop in model.metadata_props:
+        if prop.key == META_PREFIX + key:
+            return json.loads(prop.value)
+    return None
+
+
+def set_metadata(model: ModelProto, key: str, value: Any) -> None:
+    for prop in model.metadata_props:
+        if prop.key == META_PREFIX + key:
+            prop.value = json.dumps(value)
+            return
+    model.metadata_props.add(key=META_PREFIX + key, value=json.dumps(value))
+
+
+def all_names(model: ModelProto) -> set[str]:
+    g = model.graph
+    names = {i.name for i in g.input} | {o.name for o in g.output} | {i.name for i in g.initializer}
+    for node in g.node:
+        names.update(node.input)
+        names.update(node.output)
+        names.add(node.name)
+    return names - {""}
+
+
+def output_shape(model: ModelProto, name: str) -> tuple[int, list[Any]]:
+    """Element type and shape (None for unknown dims) of a value, inferred where not declared."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # shape inference fails on some custom domains; use what is declared
+        inferred = model
+    g = inferred.graph
+    for vi in [*g.output, *g.value_info, *g.input]:
+        if vi.name == name and vi.type.HasField("tensor_type"):
+            tt = vi.type.tensor_type
+            if not tt.HasField("shape"):
+                return tt.elem_type, []
+            dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+            return tt.elem_type, dims
+    raise ValueError(f"cannot find the type of {name!r} in the graph")
+
+
+def add_loss_output(
+    onx: ModelProto,
+    score_name: str | BaseLearningLoss = "squared_error",
+    loss_name: str = "loss",
+    label_name: str = "label",
+    weight_name: str | None = None,
+    penalty: Mapping[str, float | Mapping[str, float]] | None = None,
+    output_index: int = 0,
+    reduction: str = "mean",
+    **kwargs: Any,
+) -> ModelProto:
+    """The prediction graph with a scalar loss output (first), for the fused training loop.
+
+    Adds the label input (and the sample-weight input when ``weight_name`` is set). The names
+    it adds are recorded in the model's metadata so that trainers find them.
+    """
+    if not isinstance(onx, ModelProto):
+        raise TypeError(f"onx must be an onnx.ModelProto, not {type(onx).__name__}")
+    loss = make_loss(score_name, **kwargs)
+    loss.validate()
+    model = normalise_model(onx)
+    g = model.graph
+    if not 0 <= output_index < len(g.output):
+        raise ValueError(f"output_index={output_index} but the graph has {len(g.output)} output(s)")
+    pred = g.output[output_index].name
+    pred_type, pred_shape = output_shape(model, pred)
+    if pred_type not in FLOAT_TYPES:
+        raise ValueError(f"output {pred!r} is not a float tensor: it cannot be the prediction of a loss")
+    taken = all_names(model)
+    for name in (loss_name, label_name, weight_name):
+        if name is not None and name in taken:
+            raise ValueError(f"name {name!r} is already used in the graph; choose another one")
+    b = NodeBuilder(pred_type, _opset(model), taken, prefix="loss_")
+    row = loss.row_loss(b, pred, label_name, pred_shape)
+    total = reduce_rows(b, row, weight_name, reduction)
+    inits = {i.name: i for i in g.initializer}
+    for wname, coefs in (penalty or {}).items():
+        if wname not in inits:
+            raise ValueError(f"penalty names {wname!r}, which is not an initializer of the graph")
+        if isinstance(coefs, Mapping):
+            unknown = set(coefs) - {"l1", "l2"}
+            if unknown:
+                raise ValueError(f"penalty for {wname!r} takes keys 'l1' and 'l2', not {sorted(unknown)}")
+            l1, l2 = float(coefs.get("l1", 0.0)), float(coefs.get("l2", 0.0))
+        else:
+            l1, l2 = 0.0, float(coefs)
+        if l1 < 0 or l2 < 0:
+            raise ValueError(f"penalty coefficients must be >= 0, got l1={l1}, l2={l2} for {wname!r}")
+        term = penalty_term(b, wname, l1, l2)
+        if term is not None:
+            total = b.op("Add", [total, term], "objective")
+    b.nodes.append(helper.make_node("Identity", [total], [loss_name], name=b.name("n_loss")))
+    g.node.extend(b.nodes)
+    label_dims = loss.label_shape(pred_shape)
+    label_type = loss.label_elem_type(pred_type)
+    g.input.append(helper.make_tensor_value_info(label_name, label_type, label_dims))
+    if weight_name is not None:
+        g.input.append(helper.make_tensor_value_info(weight_name, pred_type, ["N"]))
+    outputs = list(g.output)
+    del g.output[:]
+    g.output.append(helper.make_tensor_value_info(loss_name, pred_type, []))
+    g.output.extend(outputs)
+    set_metadata(model, "loss_name", loss_name)
+    set_metadata(model, "label_name", label_name)
+    set_metadata(model, "weight_name", weight_name)
+    set_metadata(model, "prediction_outputs", [o.name for o in outputs])
+    set_metadata(model, "score_name", score_name if isinstance(score_name, str) else type(score_name).__name__)
+    onnx.checker.check_model(model)
+    return model
+
+
+def _producers(model: ModelProto) -> dict[str, int]:
+    return {out: i for i, node in enumerate(model.graph.node) for out in node.output}
+
+
+def ancestors(model: ModelProto, outputs: Iterable[str]) -> tuple[set[str], set[int]]:
+    """Names and node indices the given outputs depend on (subgraph inputs included)."""
+    producers = _producers(model)
+    seen: set[str] = set()
+    nodes: set[int] = set()
+    stack = list(outputs)
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        idx = producers.get(name)
+        if idx is None or idx in nodes:
+            continue
+        nodes.add(idx)
+        node = model.graph.node[idx]
+        stack.extend(i for i in node.input if i)
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                stack.extend(_outer_names(attr.g))
+    return seen, nodes
+
+
+def _outer_names(graph: onnx.GraphProto) -> list[str]:
+    names = []
+    for node in graph.node:
+        names.extend(i for i in node.input if i)
+    return names
+
+
+def float_initializers(model: ModelProto) -> dict[str, onnx.TensorProto]:
+    return {i.name: i for i in model.graph.initializer if i.data_type in FLOAT_TYPES}
+
+
+def default_weights_to_train(model: ModelProto, loss_name: str) -> list[str]:
+    """The float initializers the loss depends on, in the graph's initializer order."""
+    deps, _ = ancestors(model, [loss_name])
+    return [name for name in float_initializers(model) if name in deps]
+
+
+def check_weights(model: ModelProto, weights: Sequence[str], output: str) -> None:
+    """Every name is a float initializer that ``output`` depends on."""
+    if isinstance(weights, str):
+        raise TypeError(f"weights_to_train must be a list of names, not the string {weights!r}")
+    if len(set(weights)) != len(weights):
+        raise ValueError(f"weights_to_train has duplicates: {list(weights)}")
+    inits = {i.name: i for i in model.graph.initializer}
+    deps, _ = ancestors(model, [output])
+    for name in weights:
+        if name not in inits:
+            raise ValueError(
+                f"weight {name!r} is not an initializer of the graph; initializers are {sorted(inits)}"
+            )
+        if inits[name].data_type not in FLOAT_TYPES:
+            kind = TensorProto.DataType.Name(inits[name].data_type)
+            raise ValueError(f"weight {name!r} is a {kind} tensor; only float tensors can be trained")
+        if name not in deps:
+            raise ValueError(f"output {output!r} does not depend on weight {name!r}: it has no gradient")
+
+
+def check_differentiable(model: ModelProto, weights: Sequence[str], output: str) -> None:
+    """Raises naming each operator between the weights and ``output`` that has no gradient."""
+    _, needed = ancestors(model, [output])
+    # values that depend on a weight
+    reached = set(weights)
+    blocking = []
+    for idx, node in enumerate(model.graph.node):
+        if not any(i in reached for i in node.input):
+            continue
+        reached.update(node.output)
+        if idx in needed and node.domain not in ("", "ai.onnx", "com.microsoft"):
+            blocking.append(node)
+    if blocking:
+        raise GraphNotDifferentiableError(_blocking_message(blocking))
+
+
+def _blocking_message(nodes: Sequence[onnx.NodeProto]) -> str:
+    parts = []
+    for node in nodes:
+        hint = _BLOCKING_HINTS.get((node.domain, node.op_type))
+        desc = f"{node.domain}.{node.op_type}" if node.domain else node.op_type
+        parts.append(f"operator {desc} (node {node.name!r}) has no gradient" + (f": {hint}" if hint else ""))
+    return "the gradient graph cannot be built; " + "; ".join(parts)
+
+
+def initializers_to_inputs(model: ModelProto, names: Sequence[str]) -> ModelProto:
+    """A copy where the named initializers are graph inputs (in the given order), so that they
+    can be fed and differentiated."""
+    model = _copy(model)
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    keep = [i for i in g.initializer if i.name not in set(names)]
+    del g.initializer[:]
+    g.initializer.extend(keep)
+    existing = {i.name for i in g.input}
+    for name in names:
+        if name not in existing:
+            t = inits[name]
+            g.input.append(helper.make_tensor_value_info(name, t.data_type, list(t.dims)))
+    return model
+
+
+def inputs_to_initializers(model: ModelProto, values: Mapping[str, np.ndarray]) -> ModelProto:
+    """A copy where the named inputs (or initializers) become initializers holding ``values``."""
+    model = _copy(model)
+    g = model.graph
+    keep_inputs = [i for i in g.input if i.name not in values]
+    del g.input[:]
+    g.input.extend(keep_inputs)
+    keep_inits = [i for i in g.initializer if i.name not in values]
+    del g.initializer[:]
+    g.initializer.extend(keep_inits)
+    for name, arr in values.items():
+        g.initializer.append(numpy_helper.from_array(np.asarray(arr), name))
+    return model
+
+
+def initializer_values(model: ModelProto, names: Sequence[str]) -> dict[str, np.ndarray]:
+    inits = {i.name: i for i in model.graph.initializer}
+    return {n: numpy_helper.to_array(inits[n]).copy() for n in names}
+
+
+def prune_to_outputs(model: ModelProto, outputs: Sequence[str]) -> ModelProto:
+    """A copy that keeps only the given outputs and what they need (nodes, inputs, initializers)."""
+    model = _copy(model)
+    g = model.graph
+    deps, nodes = ancestors(model, outputs)
+    kept_nodes = [n for i, n in enumerate(g.node) if i in nodes]
+    out_map = {o.name: o for o in g.output}
+    kept_outputs = [out_map[o] for o in outputs]
+    kept_inputs = [i for i in g.input if i.name in deps]
+    kept_inits = [i for i in g.initializer if i.name in deps]
+    kept_vi = [v for v in g.value_info if v.name in deps]
+    del g.node[:], g.output[:], g.input[:], g.initializer[:], g.value_info[:]
+    g.node.extend(kept_nodes)
+    g.output.extend(kept_outputs)
+    g.input.extend(kept_inputs)
+    g.initializer.extend(kept_inits)
+    g.value_info.extend(kept_vi)
+    return model
+
+
+def prediction_graph(loss_model: ModelProto, loss_name: str) -> ModelProto:
+    """The prediction graph inside a loss graph: its original outputs, no label or weight input."""
+    outputs = get_metadata(loss_model, "prediction_outputs")
+    if outputs is None:
+        outputs = [o.name for o in loss_model.graph.output if o.name != loss_name]
+    model = prune_to_outputs(loss_model, outputs)
+    kept = [p for p in model.metadata_props if not p.key.startswith(META_PREFIX)]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    return model
+
+
+def set_batch_dimension(model: ModelProto, names: Iterable[str], batch: int | None) -> ModelProto:
+    """A copy where the first dimension of the named inputs is fixed (or symbolic when None).
+
+    A fixed batch dimension lets the gradient builder drop its run-time shape arithmetic.
+    """
+    model = _copy(model)
+    wanted = set(names)
+    for vi in model.graph.input:
+        if vi.name in wanted and vi.type.tensor_type.shape.dim:
+            dim = vi.type.tensor_type.shape.dim[0]
+            if batch is None:
+                dim.dim_param = "N"
+            else:
+                dim.dim_value = batch
+    # stale intermediate shapes would contradict the fixed ones
+    del model.graph.value_info[:]
+    return model
