@@ -4,15 +4,15 @@ Importing this package checks that the *training* build of onnxruntime is instal
 :class:`TrainingRuntimeError` (an ImportError) with the pip commands that fix it otherwise.
 """
 
+from ._runtime import C as _C  # noqa: F401  (the runtime check happens here)
 from ._version import __version__
+from .callbacks import Callback, EarlyStopping, EpochPrinter, ProgressBar
 from .exceptions import (
     ConvergenceError,
     ConvergenceWarning,
     GraphNotDifferentiableError,
     TrainingRuntimeError,
 )
-from ._runtime import C as _C  # noqa: F401  (the runtime check happens here)
-from .callbacks import Callback, EarlyStopping, EpochPrinter, ProgressBar
 from .graph import (
     add_loss_output,
     default_weights_to_train,

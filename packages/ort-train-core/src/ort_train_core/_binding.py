@@ -42,8 +42,10 @@ class DeviceArray:
     def read(self) -> np.ndarray:
         """A host copy."""
         if self.host is not None:
-            return self.host.copy()
-        return np.asarray(self.ortvalue.numpy())
+            copied: np.ndarray = self.host.copy()
+            return copied
+        out: np.ndarray = np.asarray(self.ortvalue.numpy())
+        return out
 
     def write(self, value: np.ndarray) -> None:
         """Overwrites the content in place: bindings that hold this buffer stay valid."""

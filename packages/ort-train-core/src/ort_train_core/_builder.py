@@ -6,6 +6,7 @@ math through it, so the same code writes the fused step graph and the small stan
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 from onnx import NodeProto, TensorProto, helper, numpy_helper
@@ -31,14 +32,14 @@ class NodeBuilder:
         self._taken.add(candidate)
         return candidate
 
-    def op(self, op_type: str, inputs: Sequence[str], hint: str | None = None, **attrs: object) -> str:
+    def op(self, op_type: str, inputs: Sequence[str], hint: str | None = None, **attrs: Any) -> str:
         out = self.name(hint or op_type.lower())
         self.nodes.append(
             helper.make_node(op_type, list(inputs), [out], name=self.name(f"n_{op_type}"), **attrs)
         )
         return out
 
-    def const(self, value: float | np.ndarray, hint: str = "cst", dtype: object = None) -> str:
+    def const(self, value: float | Sequence[float] | np.ndarray, hint: str = "cst", dtype: Any = None) -> str:
         """A Constant node (not an initializer, so it is never taken for a trainable weight).
 
         Values are rounded to the graph's float type from double precision: ``1 - beta2`` must
@@ -50,7 +51,10 @@ class NodeBuilder:
         out = self.name(hint)
         self.nodes.append(
             helper.make_node(
-                "Constant", [], [out], name=self.name("n_Constant"),
+                "Constant",
+                [],
+                [out],
+                name=self.name("n_Constant"),
                 value=numpy_helper.from_array(arr, out),
             )
         )
@@ -59,8 +63,14 @@ class NodeBuilder:
     def int_const(self, values: Sequence[int], hint: str = "axes") -> str:
         return self.const(np.array(values, dtype=np.int64), hint, dtype=np.int64)
 
-    def reduce(self, op_type: str, x: str, axes: Sequence[int] | None, keepdims: int = 0,
-               hint: str | None = None) -> str:
+    def reduce(
+        self,
+        op_type: str,
+        x: str,
+        axes: Sequence[int] | None,
+        keepdims: int = 0,
+        hint: str | None = None,
+    ) -> str:
         """ReduceSum/ReduceMean with axes as an input (opset >= 13/18) or an attribute."""
         axes_as_input = self.opset >= (13 if op_type == "ReduceSum" else 18)
         if axes is None:

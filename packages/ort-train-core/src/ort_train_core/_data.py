@@ -48,9 +48,7 @@ def check_fit_arrays(
     if n == 0:
         raise ValueError(f"{prefix}X has no rows")
     if spec.n_features is not None and Xa.shape[1] != spec.n_features:
-        raise ValueError(
-            f"{prefix}X has {Xa.shape[1]} features but the model expects {spec.n_features}"
-        )
+        raise ValueError(f"{prefix}X has {Xa.shape[1]} features but the model expects {spec.n_features}")
     Xc = np.ascontiguousarray(Xa, dtype=spec.feature_dtype)
     if np.issubdtype(Xa.dtype, np.floating):
         _check_finite(f"{prefix}X", Xa)

@@ -94,7 +94,11 @@ class BaseOrtTrainer(ParamsMixin):
         raise NotImplementedError
 
     def _make_runner(
-        self, store: BatchStore, state: TrainingState, device: Device, lr: BaseLearningRate,
+        self,
+        store: BatchStore,
+        state: TrainingState,
+        device: Device,
+        lr: BaseLearningRate,
         validation: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None,
     ) -> StepRunner:
         raise NotImplementedError
@@ -108,10 +112,10 @@ class BaseOrtTrainer(ParamsMixin):
 
     # ---- shared -----------------------------------------------------------------------
     def _on_params_changed(self) -> None:
-        self._cache = {}
+        self._cache: dict[Any, Any] = {}
 
     @property
-    def _graph_cache(self) -> dict[str, Any]:
+    def _graph_cache(self) -> dict[Any, Any]:
         if not hasattr(self, "_cache"):
             self._cache = {}
         return self._cache
@@ -123,7 +127,9 @@ class BaseOrtTrainer(ParamsMixin):
         if self.tol is not None and not (isinstance(self.tol, (int, float)) and self.tol >= 0):
             raise ValueError(f"tol must be None or a number >= 0, got {self.tol!r}")
         if self.verbose not in (0, 1, 2, False, True):
-            raise ValueError(f"verbose must be 0, 1 (progress bar) or 2 (one line per epoch), got {self.verbose!r}")
+            raise ValueError(
+                f"verbose must be 0, 1 (progress bar) or 2 (one line per epoch), got {self.verbose!r}"
+            )
         lr = make_learning_rate(self.learning_rate)
         lr.validate()
         device = parse_device(self.device)
@@ -143,7 +149,12 @@ class BaseOrtTrainer(ParamsMixin):
         return cbs, early
 
     def fit(
-        self, X: Any, y: Any, sample_weight: Any = None, X_val: Any = None, y_val: Any = None,
+        self,
+        X: Any,
+        y: Any,
+        sample_weight: Any = None,
+        X_val: Any = None,
+        y_val: Any = None,
         sample_weight_val: Any = None,
     ) -> BaseOrtTrainer:
         """Trains ``max_iter`` epochs (fewer with early stopping); continues with ``warm_start``."""
@@ -157,10 +168,11 @@ class BaseOrtTrainer(ParamsMixin):
         if X_val is not None:
             validation = check_fit_arrays(spec, X_val, y_val, sample_weight_val, prefix="validation ")
         continuing = bool(self.warm_start) and getattr(self, "_state", None) is not None
-        if continuing and getattr(self, "_lr_signature", None) != repr(lr):
+        previous_lr: str | None = getattr(self, "_lr_signature", None)
+        if continuing and previous_lr != repr(lr):
             raise ValueError(
                 "warm_start=True continues the optimizer state, but the learning rate changed "
-                f"({self._lr_signature} -> {lr!r}); fit with warm_start=False to restart"
+                f"({previous_lr} -> {lr!r}); fit with warm_start=False to restart"
             )
         if not continuing:
             self._state = self._initial_state()
@@ -202,7 +214,8 @@ class BaseOrtTrainer(ParamsMixin):
                                 f"the training loss became {loss} at epoch {epoch + 1}, batch {i + 1}: "
                                 "weights were restored to the end of the last complete epoch; lower "
                                 "the learning rate or scale the data",
-                                epoch=epoch, batch=i,
+                                epoch=epoch,
+                                batch=i,
                             )
                         losses[i] = loss
                         done += 1
@@ -226,7 +239,8 @@ class BaseOrtTrainer(ParamsMixin):
                         raise ConvergenceError(
                             f"the validation loss became {logs['validation_loss']} at epoch {epoch + 1}; "
                             "weights were restored to the end of the previous epoch",
-                            epoch=epoch, batch=n_batches - 1,
+                            epoch=epoch,
+                            batch=n_batches - 1,
                         )
                     if stop:
                         stopped_early = True
@@ -238,12 +252,15 @@ class BaseOrtTrainer(ParamsMixin):
         if interrupted:
             warnings.warn(
                 f"training interrupted (Ctrl-C) during epoch {self.n_iter_ + 1}; the weights are "
-                "those after the last completed step", RuntimeWarning, stacklevel=3,
+                "those after the last completed step",
+                RuntimeWarning,
+                stacklevel=3,
             )
         elif early is not None and not stopped_early:
             warnings.warn(
                 f"max_iter={self.max_iter} reached before the loss stopped improving by tol={self.tol}",
-                ConvergenceWarning, stacklevel=3,
+                ConvergenceWarning,
+                stacklevel=3,
             )
 
     # ---- state -----------------------------------------------------------------------

@@ -15,7 +15,8 @@ class ParamsMixin:
     def _param_names(cls) -> list[str]:
         sig = inspect.signature(cls.__init__)
         return [
-            p.name for p in sig.parameters.values()
+            p.name
+            for p in sig.parameters.values()
             if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
         ]
 
@@ -35,9 +36,7 @@ class ParamsMixin:
         for key, value in params.items():
             name, _, sub = key.partition("__")
             if name not in valid:
-                raise ValueError(
-                    f"invalid parameter {name!r} for {type(self).__name__}; valid ones: {valid}"
-                )
+                raise ValueError(f"invalid parameter {name!r} for {type(self).__name__}; valid ones: {valid}")
             if sub:
                 nested.setdefault(name, {})[sub] = value
             else:

@@ -47,7 +47,8 @@ def _fix_message(installed: dict[str, str]) -> str:
 
 def _import_onnxruntime() -> ModuleType:
     if "onnxruntime" in sys.modules:
-        return sys.modules["onnxruntime"]
+        loaded: ModuleType = sys.modules["onnxruntime"]
+        return loaded
     masked = "onnxruntime.training.ortmodule"
     had = masked in sys.modules
     if not had and "torch" not in sys.modules:
@@ -57,7 +58,8 @@ def _import_onnxruntime() -> ModuleType:
     finally:
         if not had and sys.modules.get(masked, 0) is None:
             del sys.modules[masked]
-    return onnxruntime
+    module: ModuleType = onnxruntime
+    return module
 
 
 def load_capi() -> Any:
@@ -67,8 +69,7 @@ def load_capi() -> Any:
         from onnxruntime.capi import _pybind_state as capi
     except ImportError as exc:
         raise TrainingRuntimeError(
-            f"onnxruntime cannot be imported ({exc}). "
-            + _fix_message(installed_onnxruntime_distributions())
+            f"onnxruntime cannot be imported ({exc}). " + _fix_message(installed_onnxruntime_distributions())
         ) from exc
     try:
         from onnxruntime.capi.build_and_package_info import package_name
@@ -77,8 +78,7 @@ def load_capi() -> Any:
     if package_name not in TRAINING_PACKAGES or not hasattr(capi, "GradientGraphBuilder"):
         raise TrainingRuntimeError(
             f"ort-train needs the training build of onnxruntime 1.19.2, but the imported "
-            f"onnxruntime is '{package_name}'. "
-            + _fix_message(installed_onnxruntime_distributions())
+            f"onnxruntime is '{package_name}'. " + _fix_message(installed_onnxruntime_distributions())
         )
     return capi
 

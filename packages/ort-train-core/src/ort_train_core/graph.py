@@ -22,9 +22,15 @@ META_PREFIX = "ort_train."
 
 #: hints for operators that have no gradient, keyed by (domain, op_type)
 _BLOCKING_HINTS = {
-    ("ai.onnx.ml", "LinearRegressor"): "convert with skl2onnx.to_onnx(..., black_op={'LinearRegressor'}) "
+    (
+        "ai.onnx.ml",
+        "LinearRegressor",
+    ): "convert with skl2onnx.to_onnx(..., black_op={'LinearRegressor'}) "
     "to get MatMul/Add with float initializers",
-    ("ai.onnx.ml", "LinearClassifier"): "convert with skl2onnx.to_onnx(..., black_op={'LinearClassifier'}, "
+    (
+        "ai.onnx.ml",
+        "LinearClassifier",
+    ): "convert with skl2onnx.to_onnx(..., black_op={'LinearClassifier'}, "
     "options={'zipmap': False}) and cut the graph at its logits",
     ("ai.onnx.ml", "ZipMap"): "convert with options={'zipmap': False}",
 }
@@ -181,7 +187,11 @@ def add_loss_output(
     set_metadata(model, "label_name", label_name)
     set_metadata(model, "weight_name", weight_name)
     set_metadata(model, "prediction_outputs", [o.name for o in outputs])
-    set_metadata(model, "score_name", score_name if isinstance(score_name, str) else type(score_name).__name__)
+    set_metadata(
+        model,
+        "score_name",
+        score_name if isinstance(score_name, str) else type(score_name).__name__,
+    )
     onnx.checker.check_model(model)
     return model
 
@@ -214,7 +224,7 @@ def ancestors(model: ModelProto, outputs: Iterable[str]) -> tuple[set[str], set[
 
 
 def _outer_names(graph: onnx.GraphProto) -> list[str]:
-    names = []
+    names: list[str] = []
     for node in graph.node:
         names.extend(i for i in node.input if i)
     return names

@@ -49,8 +49,13 @@ class BaseLearningRate(ParamsMixin):
 class LearningRateSGD(BaseLearningRate):
     """Plain SGD: W <- W - eta g, eta following scikit-learn's schedules."""
 
-    def __init__(self, eta0: float = 0.01, alpha: float = 0.0001, power_t: float = 0.25,
-                 learning_rate: str = "invscaling") -> None:
+    def __init__(
+        self,
+        eta0: float = 0.01,
+        alpha: float = 0.0001,
+        power_t: float = 0.25,
+        learning_rate: str = "invscaling",
+    ) -> None:
         self.eta0 = eta0
         self.alpha = alpha
         self.power_t = power_t
@@ -60,7 +65,9 @@ class LearningRateSGD(BaseLearningRate):
         if not (isinstance(self.eta0, (int, float)) and self.eta0 > 0 and math.isfinite(self.eta0)):
             raise ValueError(f"eta0 (the learning rate) must be a finite number > 0, got {self.eta0!r}")
         if self.learning_rate not in _SCHEDULES:
-            raise ValueError(f"learning_rate schedule must be one of {_SCHEDULES}, got {self.learning_rate!r}")
+            raise ValueError(
+                f"learning_rate schedule must be one of {_SCHEDULES}, got {self.learning_rate!r}"
+            )
         if self.alpha < 0 or self.power_t < 0:
             raise ValueError(f"alpha and power_t must be >= 0, got {self.alpha}, {self.power_t}")
 
@@ -68,7 +75,7 @@ class LearningRateSGD(BaseLearningRate):
         if self.learning_rate == "constant":
             return float(self.eta0)
         if self.learning_rate == "invscaling":
-            return float(self.eta0) / (epoch + 1) ** self.power_t
+            return float(self.eta0) / float((epoch + 1) ** self.power_t)
         return float(self.eta0) / (1.0 + self.alpha * self.eta0 * epoch)
 
     def update_nodes(
@@ -83,8 +90,15 @@ class LearningRateSGDNesterov(LearningRateSGD):
 
     state_names = ("velocity",)
 
-    def __init__(self, eta0: float = 0.01, alpha: float = 0.0001, power_t: float = 0.25,
-                 learning_rate: str = "invscaling", momentum: float = 0.9, nesterov: bool = True) -> None:
+    def __init__(
+        self,
+        eta0: float = 0.01,
+        alpha: float = 0.0001,
+        power_t: float = 0.25,
+        learning_rate: str = "invscaling",
+        momentum: float = 0.9,
+        nesterov: bool = True,
+    ) -> None:
         super().__init__(eta0, alpha, power_t, learning_rate)
         self.momentum = momentum
         self.nesterov = nesterov
@@ -101,10 +115,7 @@ class LearningRateSGDNesterov(LearningRateSGD):
         mu = b.const(self.momentum, "momentum")
         step = b.op("Mul", [scalars["learning_rate"], grad], f"{weight}_step")
         v_new = b.op("Sub", [b.op("Mul", [mu, velocity]), step], f"{weight}_velocity_new")
-        if self.nesterov:
-            move = b.op("Sub", [b.op("Mul", [mu, v_new]), step], f"{weight}_move")
-        else:
-            move = v_new
+        move = b.op("Sub", [b.op("Mul", [mu, v_new]), step], f"{weight}_move") if self.nesterov else v_new
         return b.op("Add", [weight, move], f"{weight}_new"), [v_new]
 
 
@@ -114,8 +125,9 @@ class LearningRateAdam(BaseLearningRate):
     state_names = ("moment1", "moment2")
     scalar_names = ("learning_rate", "bias_correction1", "bias_correction2")
 
-    def __init__(self, eta0: float = 0.001, beta1: float = 0.9, beta2: float = 0.999,
-                 epsilon: float = 1e-8) -> None:
+    def __init__(
+        self, eta0: float = 0.001, beta1: float = 0.9, beta2: float = 0.999, epsilon: float = 1e-8
+    ) -> None:
         self.eta0 = eta0
         self.beta1 = beta1
         self.beta2 = beta2
@@ -149,13 +161,23 @@ class LearningRateAdam(BaseLearningRate):
         self, b: NodeBuilder, weight: str, grad: str, states: list[str], scalars: dict[str, str]
     ) -> tuple[str, list[str]]:
         m, v = states
-        m_new = b.op("Add", [b.op("Mul", [b.const(self.beta1, "beta1"), m]),
-                             b.op("Mul", [b.const(1.0 - self.beta1, "one_m_beta1"), grad])],
-                     f"{weight}_moment1_new")
+        m_new = b.op(
+            "Add",
+            [
+                b.op("Mul", [b.const(self.beta1, "beta1"), m]),
+                b.op("Mul", [b.const(1.0 - self.beta1, "one_m_beta1"), grad]),
+            ],
+            f"{weight}_moment1_new",
+        )
         g2 = b.op("Mul", [grad, grad])
-        v_new = b.op("Add", [b.op("Mul", [b.const(self.beta2, "beta2"), v]),
-                             b.op("Mul", [b.const(1.0 - self.beta2, "one_m_beta2"), g2])],
-                     f"{weight}_moment2_new")
+        v_new = b.op(
+            "Add",
+            [
+                b.op("Mul", [b.const(self.beta2, "beta2"), v]),
+                b.op("Mul", [b.const(1.0 - self.beta2, "one_m_beta2"), g2]),
+            ],
+            f"{weight}_moment2_new",
+        )
         m_hat = b.op("Mul", [m_new, scalars["bias_correction1"]])
         v_hat = b.op("Mul", [v_new, scalars["bias_correction2"]])
         denom = b.op("Add", [b.op("Sqrt", [v_hat]), b.const(self.epsilon, "adam_eps")])

@@ -152,8 +152,15 @@ class CrossEntropyLearningLoss(BaseLearningLoss):
             y = _float_label_like(b, label, pred_shape)
             # softplus(z) = max(z, 0) + log(1 + exp(-|z|)): stable, and every op has a gradient
             # in onnxruntime-training (Softplus has none).
-            tail = b.op("Log", [b.op("Add", [b.const(1.0, "one"),
-                                             b.op("Exp", [b.op("Neg", [b.op("Abs", [pred])])])])])
+            tail = b.op(
+                "Log",
+                [
+                    b.op(
+                        "Add",
+                        [b.const(1.0, "one"), b.op("Exp", [b.op("Neg", [b.op("Abs", [pred])])])],
+                    )
+                ],
+            )
             softplus = b.op("Add", [b.op("Relu", [pred]), tail], "softplus")
             row = b.op("Sub", [softplus, b.op("Mul", [y, pred])], "bce")
             return _sum_columns(b, row, pred_shape)
@@ -239,7 +246,13 @@ def penalty_term(b: NodeBuilder, weight: str, l1: float, l2: float) -> str | Non
     if l1:
         parts.append(b.op("Mul", [b.sum_all(b.op("Abs", [weight])), b.const(l1, "pen_l1")], "pen_l1_term"))
     if l2:
-        parts.append(b.op("Mul", [b.sum_all(b.op("Mul", [weight, weight])), b.const(l2, "pen_l2")], "pen_l2_term"))
+        parts.append(
+            b.op(
+                "Mul",
+                [b.sum_all(b.op("Mul", [weight, weight])), b.const(l2, "pen_l2")],
+                "pen_l2_term",
+            )
+        )
     if not parts:
         return None
     return parts[0] if len(parts) == 1 else b.op("Add", parts, "penalty")

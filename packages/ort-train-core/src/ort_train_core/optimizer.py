@@ -76,7 +76,9 @@ class OrtGradientOptimizer(BaseOrtTrainer):
         cache = self._graph_cache
         if "model" not in cache:
             if not isinstance(self.model_onnx, ModelProto):
-                raise TypeError(f"model_onnx must be an onnx.ModelProto, not {type(self.model_onnx).__name__}")
+                raise TypeError(
+                    f"model_onnx must be an onnx.ModelProto, not {type(self.model_onnx).__name__}"
+                )
             model = normalise_model(self.model_onnx)
             outputs = [o.name for o in model.graph.output]
             if self.loss_output_name not in outputs:
@@ -85,8 +87,8 @@ class OrtGradientOptimizer(BaseOrtTrainer):
                     "add one with add_loss_output(model, ...) or set loss_output_name"
                 )
             cache["model"] = model
-        model: ModelProto = cache["model"]
-        return model
+        cached: ModelProto = cache["model"]
+        return cached
 
     def _names(self) -> tuple[list[str], str, str | None, list[str]]:
         """Trained weights, label input, weight input, feature inputs."""
@@ -98,7 +100,8 @@ class OrtGradientOptimizer(BaseOrtTrainer):
             if name is not None and name not in inputs:
                 raise ValueError(f"the {role} input {name!r} is not an input of the model (inputs: {inputs})")
         weights = (
-            list(self.weights_to_train) if self.weights_to_train is not None
+            list(self.weights_to_train)
+            if self.weights_to_train is not None
             else default_weights_to_train(model, self.loss_output_name)
         )
         if self.weights_to_train is not None:
@@ -108,9 +111,7 @@ class OrtGradientOptimizer(BaseOrtTrainer):
         inits = {i.name for i in model.graph.initializer}
         features = [n for n in inputs if n not in {label, weight} and n not in inits]
         if len(features) != 1:
-            raise ValueError(
-                f"fit feeds one feature input, but the model has {len(features)}: {features}"
-            )
+            raise ValueError(f"fit feeds one feature input, but the model has {len(features)}: {features}")
         return weights, label, weight, features
 
     def _data_spec(self) -> DataSpec:
@@ -152,7 +153,9 @@ class OrtGradientOptimizer(BaseOrtTrainer):
         model: ModelProto = self._graph_cache[("trainable", tuple(weights))]
         return model
 
-    def _fused(self, batch: int, device: Device, lr: BaseLearningRate) -> tuple[ModelProto, FusedStepSignature, Any]:
+    def _fused(
+        self, batch: int, device: Device, lr: BaseLearningRate
+    ) -> tuple[ModelProto, FusedStepSignature, Any]:
         key = ("fused", batch, str(device), repr(lr))
         cache = self._graph_cache
         if key not in cache:
@@ -178,7 +181,11 @@ class OrtGradientOptimizer(BaseOrtTrainer):
         return out
 
     def _make_runner(
-        self, store: BatchStore, state: TrainingState, device: Device, lr: BaseLearningRate,
+        self,
+        store: BatchStore,
+        state: TrainingState,
+        device: Device,
+        lr: BaseLearningRate,
         validation: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None,
     ) -> _FusedRunner:
         sizes = sorted({e - s for s, e in store.bounds})
@@ -187,7 +194,15 @@ class OrtGradientOptimizer(BaseOrtTrainer):
         _, label, weight, features = self._names()
         data_names = [*features, label] + ([weight] if weight else [])
         return _FusedRunner(
-            store, state, device, lr, graphs, evaluator, validation, self.loss_output_name, data_names
+            store,
+            state,
+            device,
+            lr,
+            graphs,
+            evaluator,
+            validation,
+            self.loss_output_name,
+            data_names,
         )
 
 
@@ -196,9 +211,15 @@ class _FusedRunner:
     a step binds only the batch's data (pre-made OrtValues) and runs."""
 
     def __init__(
-        self, store: BatchStore, state: TrainingState, device: Device, lr: BaseLearningRate,
-        graphs: dict[int, tuple[ModelProto, FusedStepSignature, Any]], evaluator: Any,
-        validation: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None, loss_name: str,
+        self,
+        store: BatchStore,
+        state: TrainingState,
+        device: Device,
+        lr: BaseLearningRate,
+        graphs: dict[int, tuple[ModelProto, FusedStepSignature, Any]],
+        evaluator: Any,
+        validation: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None,
+        loss_name: str,
         data_names: list[str],
     ) -> None:
         self.store = store
@@ -207,11 +228,18 @@ class _FusedRunner:
         any_sig = next(iter(graphs.values()))[1]
         self.weight_names = any_sig.weights
         dtype = next(iter(state.weights.values())).dtype
-        self.buffers = {w: [DeviceArray(state.weights[w], device) for _ in range(2)] for w in self.weight_names}
+        self.buffers = {
+            w: [DeviceArray(state.weights[w], device) for _ in range(2)] for w in self.weight_names
+        }
         opt = state.optimizer
         self.states = {
-            w: [[DeviceArray(opt[w][j] if w in opt else np.zeros_like(state.weights[w]), device)
-                 for _ in range(2)] for j in range(len(lr.state_names))]
+            w: [
+                [
+                    DeviceArray(opt[w][j] if w in opt else np.zeros_like(state.weights[w]), device)
+                    for _ in range(2)
+                ]
+                for j in range(len(lr.state_names))
+            ]
             for w in self.weight_names
         }
         self.n_steps = state.n_steps
@@ -295,4 +323,6 @@ def C_ortvalue(host: np.ndarray) -> Any:
     """An OrtValue viewing a host array the caller keeps alive (0-d scalars, loss outputs)."""
     from ._runtime import C
 
-    return C.OrtValue.ortvalue_from_numpy(host, C.OrtDevice(C.OrtDevice.cpu(), C.OrtDevice.default_memory(), 0))
+    return C.OrtValue.ortvalue_from_numpy(
+        host, C.OrtDevice(C.OrtDevice.cpu(), C.OrtDevice.default_memory(), 0)
+    )

@@ -1,0 +1,127 @@
+"""Every task of the monorepo: `nox -l` lists them.
+
+Environments use virtualenv + pip: pip finds the local CPU build of torch==2.13.0, uv does not.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import sys
+
+import nox
+
+nox.needs_version = ">=2024.3.2"
+nox.options.default_venv_backend = "virtualenv"
+nox.options.error_on_missing_interpreters = False
+nox.options.sessions = ["lint", "typecheck", "tests"]
+
+ROOT = pathlib.Path(__file__).parent
+PYTHONS = ["3.10", "3.11", "3.12"]
+PACKAGES = ["ort-train-core"]
+# pip takes the CPU build of torch from local disk only with this exact pin (Python 3.11); any
+# looser spec downloads a multi-GB CUDA build. Other interpreters test without torch.
+TORCH = "torch==2.13.0; python_version == '3.11'"
+TEST_DEPS = ["pytest>=8", "hypothesis", "scikit-learn", "skl2onnx", TORCH]
+
+
+def _install_core(session: nox.Session, device: str = "cpu") -> None:
+    session.install("-e", f"packages/ort-train-core[{device}]")
+
+
+@nox.session(python=PYTHONS)
+@nox.parametrize("device", ["cpu", "cuda"])
+def tests(session: nox.Session, device: str) -> None:
+    """Core tests; `device=cuda` runs the tests marked `cuda` (they skip without a GPU)."""
+    if device == "cuda":
+        if shutil.which("nvidia-smi") is None:
+            session.skip("no NVIDIA GPU on this machine: the cuda tests run where one exists")
+        if session.python != "3.11":
+            session.skip("onnxruntime-training (CUDA) has wheels for Python <= 3.11 only")
+    _install_core(session, device)
+    session.install(*TEST_DEPS)
+    args = session.posargs or ["tests/core"]
+    marker = ["-m", "cuda"] if device == "cuda" else []
+    session.run("python", "-m", "pytest", *marker, *args, env={"ORT_TRAIN_TEST_DEVICE": device})
+
+
+@nox.session(python="3.11")
+def lint(session: nox.Session) -> None:
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python="3.11")
+def typecheck(session: nox.Session) -> None:
+    session.install("mypy", "numpy")
+    _install_core(session)
+    session.run("mypy")
+
+
+@nox.session(python="3.11")
+def demo(session: nox.Session) -> None:
+    """Trains a linear model and an MLP on load_diabetes and writes the trained .onnx files."""
+    _install_core(session)
+    session.install("scikit-learn", "skl2onnx")
+    session.run("python", "demo/run_demo.py", *(session.posargs or ["--out", "demo_output"]))
+
+
+@nox.session(python="3.11")
+def bench(session: nox.Session) -> None:
+    """Benchmarks against numpy, torch and scikit-learn; `-- --quick` for a short run."""
+    _install_core(session)
+    session.install("scikit-learn", "skl2onnx", "torch==2.13.0")
+    session.run("python", "benchmarks/bench_full.py", *session.posargs)
+
+
+@nox.session(python="3.11")
+def build(session: nox.Session) -> None:
+    """Builds wheel and sdist of every distribution, then installs each wheel alone in a fresh
+    venv and imports it: what a user's pip gets."""
+    session.install("build")
+    dist = ROOT / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    for package in PACKAGES:
+        session.run(
+            "python",
+            "-m",
+            "build",
+            "--sdist",
+            "--wheel",
+            "--outdir",
+            str(dist / package),
+            f"packages/{package}",
+        )
+    tmp = pathlib.Path(session.create_tmp())
+    for package in PACKAGES:
+        wheel = next((dist / package).glob("*.whl"))
+        module = package.replace("-", "_")
+        venv = tmp / f"venv-{package}"
+        shutil.rmtree(venv, ignore_errors=True)
+        session.run(sys.executable, "-m", "venv", str(venv), external=True)
+        bindir = venv / ("Scripts" if os.name == "nt" else "bin")
+        py = str(bindir / "python")
+        # without an extra, no runtime: the import must fail with the fix in its message
+        session.run(py, "-m", "pip", "install", "-q", str(wheel), external=True)
+        session.run(py, "-c", _EXPECT_RUNTIME_ERROR.format(module=module), external=True)
+        session.run(py, "-m", "pip", "install", "-q", f"{wheel}[cpu]", external=True)
+        session.run(
+            py,
+            "-c",
+            f"import {module}, sys; print({module}.__version__); assert 'torch' not in sys.modules",
+            external=True,
+        )
+
+
+_EXPECT_RUNTIME_ERROR = """
+try:
+    import {module}
+except ImportError as exc:
+    assert type(exc).__name__ == 'TrainingRuntimeError', exc
+    assert 'pip install' in str(exc), exc
+    print('without a runtime:', type(exc).__name__)
+else:
+    raise SystemExit('import succeeded without onnxruntime-training')
+"""
