@@ -20,6 +20,7 @@ class DataSpec:
     label_dtype: np.dtype
     label_tail: tuple[int | None, ...]
     has_weight: bool
+    n_classes: int | None = None
 
 
 def _as_numeric(name: str, value: Any) -> np.ndarray:
@@ -67,6 +68,11 @@ def check_fit_arrays(
             raise ValueError(f"{prefix}y must hold integer class indices for this loss, got fractions")
         if (ya < 0).any():
             raise ValueError(f"{prefix}y holds negative class indices; encode classes as 0..K-1")
+        if spec.n_classes is not None and ya.size and ya.max() >= spec.n_classes:
+            raise ValueError(
+                f"{prefix}y holds class index {int(ya.max())} but the model predicts {spec.n_classes} "
+                f"classes; encode classes as 0..{spec.n_classes - 1}"
+            )
         yc = np.ascontiguousarray(ya, dtype=spec.label_dtype)
     else:
         tail = spec.label_tail

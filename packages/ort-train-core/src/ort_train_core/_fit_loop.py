@@ -169,7 +169,7 @@ class BaseOrtTrainer(ParamsMixin):
             validation = check_fit_arrays(spec, X_val, y_val, sample_weight_val, prefix="validation ")
         continuing = bool(self.warm_start) and getattr(self, "_state", None) is not None
         previous_lr: str | None = getattr(self, "_lr_signature", None)
-        if continuing and previous_lr != repr(lr):
+        if continuing and previous_lr is not None and previous_lr != repr(lr):
             raise ValueError(
                 "warm_start=True continues the optimizer state, but the learning rate changed "
                 f"({previous_lr} -> {lr!r}); fit with warm_start=False to restart"

@@ -153,6 +153,12 @@ def add_loss_output(
     for name in (loss_name, label_name, weight_name):
         if name is not None and name in taken:
             raise ValueError(f"name {name!r} is already used in the graph; choose another one")
+    new_names = [n for n in (loss_name, label_name, weight_name) if n is not None]
+    if len(set(new_names)) != len(new_names):
+        raise ValueError(
+            f"loss_name, label_name and weight_name must differ, got {loss_name!r}, "
+            f"{label_name!r}, {weight_name!r}"
+        )
     b = NodeBuilder(pred_type, _opset(model), taken, prefix="loss_")
     row = loss.row_loss(b, pred, label_name, pred_shape)
     total = reduce_rows(b, row, weight_name, reduction)
@@ -187,6 +193,9 @@ def add_loss_output(
     set_metadata(model, "label_name", label_name)
     set_metadata(model, "weight_name", weight_name)
     set_metadata(model, "prediction_outputs", [o.name for o in outputs])
+    if loss.integer_labels:
+        n_cols = pred_shape[1] if len(pred_shape) == 2 else 1
+        set_metadata(model, "n_classes", 2 if n_cols == 1 else n_cols)
     set_metadata(
         model,
         "score_name",
@@ -232,6 +241,20 @@ def _outer_names(graph: onnx.GraphProto) -> list[str]:
 
 def float_initializers(model: ModelProto) -> dict[str, onnx.TensorProto]:
     return {i.name: i for i in model.graph.initializer if i.data_type in FLOAT_TYPES}
+
+
+def nothing_to_train_error(model: ModelProto, output: str) -> ValueError:
+    """The error for an ``output`` that depends on no float initializer. Operators of other
+    domains (ai.onnx.ml's LinearRegressor...) hold their coefficients in attributes: name them."""
+    _, needed = ancestors(model, [output])
+    blocking = [
+        node
+        for i, node in enumerate(model.graph.node)
+        if i in needed and node.domain not in ("", "ai.onnx", "com.microsoft")
+    ]
+    if blocking:
+        return GraphNotDifferentiableError(_blocking_message(blocking))
+    return ValueError(f"output {output!r} depends on no float initializer: there is nothing to train")
 
 
 def default_weights_to_train(model: ModelProto, loss_name: str) -> list[str]:

@@ -22,6 +22,7 @@ from .graph import (
     initializer_values,
     initializers_to_inputs,
     normalise_model,
+    nothing_to_train_error,
     prediction_graph,
     set_batch_dimension,
 )
@@ -107,7 +108,7 @@ class OrtGradientOptimizer(BaseOrtTrainer):
         if self.weights_to_train is not None:
             check_weights(model, self.weights_to_train, self.loss_output_name)
         if not weights:
-            raise ValueError("the loss depends on no float initializer: there is nothing to train")
+            raise nothing_to_train_error(model, self.loss_output_name)
         inits = {i.name for i in model.graph.initializer}
         features = [n for n in inputs if n not in {label, weight} and n not in inits]
         if len(features) != 1:
@@ -132,6 +133,7 @@ class OrtGradientOptimizer(BaseOrtTrainer):
             label_dtype=ldtype,
             label_tail=tuple(ldims[1:]),
             has_weight=weight is not None,
+            n_classes=get_metadata(model, "n_classes"),
         )
 
     def _initial_state(self) -> TrainingState:
@@ -206,6 +208,10 @@ class OrtGradientOptimizer(BaseOrtTrainer):
         )
 
 
+#: above this many batches per epoch, data inputs are bound at each step instead of once
+MAX_PREBOUND_BATCHES = 2048
+
+
 class _FusedRunner:
     """Double-buffered weights and states, and one cached binding per (batch size, parity):
     a step binds only the batch's data (pre-made OrtValues) and runs."""
@@ -248,21 +254,27 @@ class _FusedRunner:
         self.loss_host = np.zeros((), dtype=dtype)
         self.loss_value = C_ortvalue(self.loss_host)
         self.parity = 0
-        self.bindings: dict[tuple[int, int], CachedBinding] = {}
-        for size, (_, sig, sess) in graphs.items():
-            for parity in (0, 1):
-                b = CachedBinding(sess)
-                for k, w in enumerate(sig.weights):
-                    b.bind_input(w, self.buffers[w][parity].ortvalue)
-                    b.bind_output(sig.new_weights[k], self.buffers[w][1 - parity].ortvalue)
-                    for j, (s_in, s_out) in enumerate(zip(sig.states[k], sig.new_states[k])):
-                        b.bind_input(s_in, self.states[w][j][parity].ortvalue)
-                        b.bind_output(s_out, self.states[w][j][1 - parity].ortvalue)
-                for name, ov in zip(sig.scalars, self.scalar_values):
-                    b.bind_input(name, ov)
-                b.bind_output(sig.loss, self.loss_value)
-                self.bindings[size, parity] = b
         self.data_names = data_names
+        # One binding per (parity, batch) with the batch's data bound too: a step is then a bare
+        # run, as fast as the graph allows. Past MAX_PREBOUND_BATCHES, one binding per (parity,
+        # batch size) whose data inputs are bound again at each step.
+        self.prebound = len(store.bounds) <= MAX_PREBOUND_BATCHES
+        shared = {
+            (size, parity): self._binding(sig, sess, parity)
+            for size, (_, sig, sess) in graphs.items()
+            for parity in (0, 1)
+        }
+        self.step_bindings: list[list[CachedBinding]] = [[], []]
+        for parity in (0, 1):
+            for i, (s, e) in enumerate(store.bounds):
+                if self.prebound:
+                    _, sig, sess = graphs[e - s]
+                    b = self._binding(sig, sess, parity)
+                    for name, ov in zip(data_names, store.batches[i]):
+                        b.bind_input(name, ov)
+                else:
+                    b = shared[e - s, parity]
+                self.step_bindings[parity].append(b)
         self.per_step_scalars = lr.scalars_change_every_step
         self.epoch = 0
         self.has_validation = validation is not None
@@ -276,6 +288,20 @@ class _FusedRunner:
             self.val_loss_value = C_ortvalue(self.val_loss_host)
             self.eval_binding.bind_output(loss_name, self.val_loss_value)
 
+    def _binding(self, sig: FusedStepSignature, sess: Any, parity: int) -> CachedBinding:
+        """Reads weights and states of ``parity``, writes the other buffers (never the same one)."""
+        b = CachedBinding(sess)
+        for k, w in enumerate(sig.weights):
+            b.bind_input(w, self.buffers[w][parity].ortvalue)
+            b.bind_output(sig.new_weights[k], self.buffers[w][1 - parity].ortvalue)
+            for j, (s_in, s_out) in enumerate(zip(sig.states[k], sig.new_states[k])):
+                b.bind_input(s_in, self.states[w][j][parity].ortvalue)
+                b.bind_output(s_out, self.states[w][j][1 - parity].ortvalue)
+        for name, ov in zip(sig.scalars, self.scalar_values):
+            b.bind_input(name, ov)
+        b.bind_output(sig.loss, self.loss_value)
+        return b
+
     def _write_scalars(self) -> None:
         for host, value in zip(self.scalar_host, self.lr.scalar_values(self.epoch, self.n_steps + 1)):
             host[()] = value
@@ -285,10 +311,10 @@ class _FusedRunner:
         self._write_scalars()
 
     def step(self, batch: int) -> float:
-        size = self.store.bounds[batch][1] - self.store.bounds[batch][0]
-        b = self.bindings[size, self.parity]
-        for name, ov in zip(self.data_names, self.store.batches[batch]):
-            b.bind_input(name, ov)
+        b = self.step_bindings[self.parity][batch]
+        if not self.prebound:
+            for name, ov in zip(self.data_names, self.store.batches[batch]):
+                b.bind_input(name, ov)
         if self.per_step_scalars:
             self._write_scalars()
         b.run()
