@@ -90,8 +90,10 @@ class Score:
 
     name: str
     kwargs: dict[str, Any] = field(default_factory=dict)
-    #: filled by row_loss for 'log': how many probabilities were clipped so far
+    #: filled by row_loss for 'log': how many true-class probabilities were clipped (gradient
+    #: 0) and how many were not, over all the batches seen so far
     n_clipped: int = 0
+    n_inside: int = 0
 
     def row_loss(self, f: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per-row loss l (n,) and dl/df (same shape as f)."""
@@ -111,8 +113,10 @@ class Score:
         if name == "log":
             eps = self.kwargs.get("eps", 1e-5)
             inside = (f > eps) & (f < 1.0 - eps)  # the clip's gradient is 0 where it clips
-            self.n_clipped += int((~inside).sum())
             p = np.clip(f, eps, 1.0 - eps)
+            used = inside if f.shape[1] == 1 else inside[rows, labels]
+            self.n_inside += int(used.sum())
+            self.n_clipped += int(used.size - used.sum())
             if f.shape[1] == 1:
                 yf = labels.astype(np.float64)[:, None]
                 pt = yf * p + (1.0 - yf) * (1.0 - p)

@@ -15,7 +15,10 @@ from ort_train_core import Callback, OrtGradientOptimizer, add_loss_output
 
 def _linear(coef: np.ndarray, intercept: np.ndarray):
     g = helper.make_graph(
-        [helper.make_node("MatMul", ["X", "coef"], ["mm"]), helper.make_node("Add", ["mm", "intercept"], ["y"])],
+        [
+            helper.make_node("MatMul", ["X", "coef"], ["mm"]),
+            helper.make_node("Add", ["mm", "intercept"], ["y"]),
+        ],
         "linear",
         [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, coef.shape[0]])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 1])],
@@ -55,8 +58,12 @@ def test_ctrl_c_stops_after_the_current_step():
     coef0 = rng.standard_normal((3, 1)).astype(np.float32) * 0.1
     b0 = np.zeros(1, dtype=np.float32)
     trainer = OrtGradientOptimizer(
-        add_loss_output(_linear(coef0, b0)), max_iter=10, batch_size=10, learning_rate=0.05,
-        shuffle=False, callbacks=[_InterruptAfterEpoch(epoch=1)],
+        add_loss_output(_linear(coef0, b0)),
+        max_iter=10,
+        batch_size=10,
+        learning_rate=0.05,
+        shuffle=False,
+        callbacks=[_InterruptAfterEpoch(epoch=1)],
     )
     with pytest.warns(RuntimeWarning, match="interrupted"):
         trainer.fit(X, y)
