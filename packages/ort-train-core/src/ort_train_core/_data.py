@@ -53,7 +53,8 @@ def check_fit_arrays(
     Xc = np.ascontiguousarray(Xa, dtype=spec.feature_dtype)
     if np.issubdtype(Xa.dtype, np.floating):
         _check_finite(f"{prefix}X", Xa)
-    _check_finite(f"{prefix}X (after the cast to {spec.feature_dtype})", Xc)
+    if Xc.dtype != Xa.dtype:  # float64 values beyond float32's range overflow in the cast
+        _check_finite(f"{prefix}X (after the cast to {spec.feature_dtype})", Xc)
     ya = _as_numeric(f"{prefix}y", y)
     if ya.ndim == 0 or ya.shape[0] != n:
         raise ValueError(f"{prefix}y has {ya.shape[0] if ya.ndim else 0} rows but X has {n}")

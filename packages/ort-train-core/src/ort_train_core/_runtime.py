@@ -7,6 +7,7 @@ while onnxruntime is imported the first time; ``onnxruntime.training`` stays imp
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import sys
 from dataclasses import dataclass
@@ -96,7 +97,7 @@ class Device:
     def __str__(self) -> str:
         return self.kind if self.kind == "cpu" else f"{self.kind}:{self.index}"
 
-    @property
+    @functools.cached_property
     def ort_device(self) -> Any:
         kind = C.OrtDevice.cpu() if self.kind == "cpu" else C.OrtDevice.cuda()
         return C.OrtDevice(kind, C.OrtDevice.default_memory(), self.index)

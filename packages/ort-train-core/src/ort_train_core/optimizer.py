@@ -75,7 +75,8 @@ class OrtGradientOptimizer(BaseOrtTrainer):
     # ---- graph inspection -------------------------------------------------------------
     def _model(self) -> ModelProto:
         cache = self._graph_cache
-        if "model" not in cache:
+        key = ("model", id(self.model_onnx), self.loss_output_name)
+        if key not in cache:
             if not isinstance(self.model_onnx, ModelProto):
                 raise TypeError(
                     f"model_onnx must be an onnx.ModelProto, not {type(self.model_onnx).__name__}"
@@ -87,12 +88,26 @@ class OrtGradientOptimizer(BaseOrtTrainer):
                     f"the model has no output {self.loss_output_name!r} (outputs: {outputs}); "
                     "add one with add_loss_output(model, ...) or set loss_output_name"
                 )
-            cache["model"] = model
-        cached: ModelProto = cache["model"]
+            cache[key] = model
+        cached: ModelProto = cache[key]
         return cached
 
     def _names(self) -> tuple[list[str], str, str | None, list[str]]:
         """Trained weights, label input, weight input, feature inputs."""
+        key = (
+            "names",
+            id(self.model_onnx),
+            self.loss_output_name,
+            self.label_name,
+            self.sample_weight_name,
+            None if self.weights_to_train is None else tuple(self.weights_to_train),
+        )
+        if key not in self._graph_cache:
+            self._graph_cache[key] = self._find_names()
+        names: tuple[list[str], str, str | None, list[str]] = self._graph_cache[key]
+        return names
+
+    def _find_names(self) -> tuple[list[str], str, str | None, list[str]]:
         model = self._model()
         label = self.label_name or get_metadata(model, "label_name") or "label"
         weight = self.sample_weight_name or get_metadata(model, "weight_name")
@@ -255,26 +270,19 @@ class _FusedRunner:
         self.loss_value = C_ortvalue(self.loss_host)
         self.parity = 0
         self.data_names = data_names
-        # One binding per (parity, batch) with the batch's data bound too: a step is then a bare
-        # run, as fast as the graph allows. Past MAX_PREBOUND_BATCHES, one binding per (parity,
-        # batch size) whose data inputs are bound again at each step.
+        # One binding per (parity, batch) with the batch's data bound too, made on first use: a
+        # step is then a bare run. Past MAX_PREBOUND_BATCHES, one binding per (parity, batch
+        # size) whose data inputs are bound again at each step.
+        self.graphs = graphs
         self.prebound = len(store.bounds) <= MAX_PREBOUND_BATCHES
-        shared = {
+        self.shared = {
             (size, parity): self._binding(sig, sess, parity)
             for size, (_, sig, sess) in graphs.items()
             for parity in (0, 1)
+            if not self.prebound
         }
-        self.step_bindings: list[list[CachedBinding]] = [[], []]
-        for parity in (0, 1):
-            for i, (s, e) in enumerate(store.bounds):
-                if self.prebound:
-                    _, sig, sess = graphs[e - s]
-                    b = self._binding(sig, sess, parity)
-                    for name, ov in zip(data_names, store.batches[i]):
-                        b.bind_input(name, ov)
-                else:
-                    b = shared[e - s, parity]
-                self.step_bindings[parity].append(b)
+        n = len(store.bounds)
+        self.step_bindings: list[list[tuple[Any, Any] | None]] = [[None] * n, [None] * n]
         self.per_step_scalars = lr.scalars_change_every_step
         self.epoch = 0
         self.has_validation = validation is not None
@@ -289,18 +297,38 @@ class _FusedRunner:
             self.eval_binding.bind_output(loss_name, self.val_loss_value)
 
     def _binding(self, sig: FusedStepSignature, sess: Any, parity: int) -> CachedBinding:
-        """Reads weights and states of ``parity``, writes the other buffers (never the same one)."""
+        """Reads weights and states of ``parity``, writes the other buffers (never the same one).
+
+        Every OrtValue bound here is owned by this runner, which outlives the binding.
+        """
         b = CachedBinding(sess)
+        raw_in, raw_out = b.binding.bind_ortvalue_input, b.binding.bind_ortvalue_output
         for k, w in enumerate(sig.weights):
-            b.bind_input(w, self.buffers[w][parity].ortvalue)
-            b.bind_output(sig.new_weights[k], self.buffers[w][1 - parity].ortvalue)
+            raw_in(w, self.buffers[w][parity].ortvalue)
+            raw_out(sig.new_weights[k], self.buffers[w][1 - parity].ortvalue)
             for j, (s_in, s_out) in enumerate(zip(sig.states[k], sig.new_states[k])):
-                b.bind_input(s_in, self.states[w][j][parity].ortvalue)
-                b.bind_output(s_out, self.states[w][j][1 - parity].ortvalue)
+                raw_in(s_in, self.states[w][j][parity].ortvalue)
+                raw_out(s_out, self.states[w][j][1 - parity].ortvalue)
         for name, ov in zip(sig.scalars, self.scalar_values):
-            b.bind_input(name, ov)
-        b.bind_output(sig.loss, self.loss_value)
+            raw_in(name, ov)
+        raw_out(sig.loss, self.loss_value)
         return b
+
+    def _step_binding(self, batch: int) -> tuple[Any, Any]:
+        """(run, binding) for this batch at the current parity."""
+        s, e = self.store.bounds[batch]
+        _, sig, sess = self.graphs[e - s]
+        if not self.prebound:
+            b = self.shared[e - s, self.parity]
+            for name, ov in zip(self.data_names, self.store.batches[batch]):
+                b.bind_input(name, ov)
+            return sess.run_with_iobinding, b.binding
+        b = self._binding(sig, sess, self.parity)
+        for name, ov in zip(self.data_names, self.store.batches[batch]):
+            b.binding.bind_ortvalue_input(name, ov)
+        entry = (sess.run_with_iobinding, b.binding)
+        self.step_bindings[self.parity][batch] = entry
+        return entry
 
     def _write_scalars(self) -> None:
         for host, value in zip(self.scalar_host, self.lr.scalar_values(self.epoch, self.n_steps + 1)):
@@ -311,13 +339,10 @@ class _FusedRunner:
         self._write_scalars()
 
     def step(self, batch: int) -> float:
-        b = self.step_bindings[self.parity][batch]
-        if not self.prebound:
-            for name, ov in zip(self.data_names, self.store.batches[batch]):
-                b.bind_input(name, ov)
+        run, b = self.step_bindings[self.parity][batch] or self._step_binding(batch)
         if self.per_step_scalars:
             self._write_scalars()
-        b.run()
+        run(b, None)
         self.parity ^= 1
         self.n_steps += 1
         return float(self.loss_host)
