@@ -9,6 +9,7 @@ Values that change during training (eta, Adam's bias corrections) are 0-d inputs
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 from ._builder import NodeBuilder
@@ -39,7 +40,14 @@ class BaseLearningRate(ParamsMixin):
         raise NotImplementedError
 
     def validate(self) -> None:
-        pass
+        """Raises ValueError on parameters out of range (called at fit time)."""
+        eta0 = self.eta0
+        if (
+            isinstance(eta0, bool)
+            or not isinstance(eta0, numbers.Real)
+            or not (eta0 > 0 and math.isfinite(eta0))
+        ):
+            raise ValueError(f"eta0 (the learning rate) must be a finite number > 0, got {eta0!r}")
 
     @property
     def scalars_change_every_step(self) -> bool:
@@ -62,8 +70,7 @@ class LearningRateSGD(BaseLearningRate):
         self.learning_rate = learning_rate
 
     def validate(self) -> None:
-        if not (isinstance(self.eta0, (int, float)) and self.eta0 > 0 and math.isfinite(self.eta0)):
-            raise ValueError(f"eta0 (the learning rate) must be a finite number > 0, got {self.eta0!r}")
+        super().validate()
         if self.learning_rate not in _SCHEDULES:
             raise ValueError(
                 f"learning_rate schedule must be one of {_SCHEDULES}, got {self.learning_rate!r}"
@@ -134,8 +141,7 @@ class LearningRateAdam(BaseLearningRate):
         self.epsilon = epsilon
 
     def validate(self) -> None:
-        if not (isinstance(self.eta0, (int, float)) and self.eta0 > 0 and math.isfinite(self.eta0)):
-            raise ValueError(f"eta0 (the learning rate) must be a finite number > 0, got {self.eta0!r}")
+        super().validate()
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
@@ -191,7 +197,7 @@ def make_learning_rate(value: Any) -> BaseLearningRate:
         return value.clone()
     if isinstance(value, bool):
         raise TypeError(f"learning_rate must be a name, a float or a learning-rate object, not {value!r}")
-    if isinstance(value, (int, float)):
+    if isinstance(value, numbers.Real):
         if not (math.isfinite(value) and value > 0):
             raise ValueError(f"learning_rate must be > 0 and finite, got {value!r}")
         return LearningRateSGD(eta0=float(value), learning_rate="constant")
