@@ -198,7 +198,7 @@ def make_learning_rate(value: Any) -> BaseLearningRate:
     if isinstance(value, bool):
         raise TypeError(f"learning_rate must be a name, a float or a learning-rate object, not {value!r}")
     if isinstance(value, numbers.Real):
-        if not (math.isfinite(value) and value > 0):
+        if not (math.isfinite(value) and float(value) > 0):
             raise ValueError(f"learning_rate must be > 0 and finite, got {value!r}")
         return LearningRateSGD(eta0=float(value), learning_rate="constant")
     names: dict[str, type[BaseLearningRate]] = {
