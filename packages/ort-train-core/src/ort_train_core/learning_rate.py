@@ -41,7 +41,7 @@ class BaseLearningRate(ParamsMixin):
 
     def validate(self) -> None:
         """Raises ValueError on parameters out of range (called at fit time)."""
-        eta0 = self.eta0
+        eta0: Any = self.eta0
         if (
             isinstance(eta0, bool)
             or not isinstance(eta0, numbers.Real)
