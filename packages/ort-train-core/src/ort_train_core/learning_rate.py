@@ -45,7 +45,7 @@ class BaseLearningRate(ParamsMixin):
         if (
             isinstance(eta0, bool)
             or not isinstance(eta0, numbers.Real)
-            or not (eta0 > 0 and math.isfinite(eta0))
+            or not (float(eta0) > 0 and math.isfinite(eta0))
         ):
             raise ValueError(f"eta0 (the learning rate) must be a finite number > 0, got {eta0!r}")
 
