@@ -7,29 +7,23 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from onnx import ModelProto, helper
+from onnx import ModelProto
 
 from ._binding import CachedBinding, DeviceArray, make_session
-from ._data import BatchStore, DataSpec
-from ._fit_loop import BaseOrtTrainer, TrainingState
+from ._data import BatchStore
+from ._fit_loop import TrainingState
 from ._gradient import FusedStepSignature, build_fused_step_graph
+from ._loss_trainer import LossGraphTrainer
 from ._runtime import Device
 from .callbacks import Callback
 from .graph import (
-    check_weights,
-    default_weights_to_train,
-    get_metadata,
-    initializer_values,
-    initializers_to_inputs,
     normalise_model,
-    nothing_to_train_error,
-    prediction_graph,
     set_batch_dimension,
 )
 from .learning_rate import BaseLearningRate
 
 
-class OrtGradientOptimizer(BaseOrtTrainer):
+class OrtGradientOptimizer(LossGraphTrainer):
     """Trains a graph that already computes its loss (see :func:`add_loss_output`).
 
     Every distinct batch size gets its own fused graph with a fixed batch dimension, which lets
@@ -72,102 +66,24 @@ class OrtGradientOptimizer(BaseOrtTrainer):
         self.n_iter_no_change = n_iter_no_change
         self.callbacks = callbacks
 
-    # ---- graph inspection -------------------------------------------------------------
-    def _model(self) -> ModelProto:
-        cache = self._graph_cache
-        key = ("model", id(self.model_onnx), self.loss_output_name)
-        if key not in cache:
-            if not isinstance(self.model_onnx, ModelProto):
-                raise TypeError(
-                    f"model_onnx must be an onnx.ModelProto, not {type(self.model_onnx).__name__}"
-                )
-            model = normalise_model(self.model_onnx)
-            outputs = [o.name for o in model.graph.output]
-            if self.loss_output_name not in outputs:
-                raise ValueError(
-                    f"the model has no output {self.loss_output_name!r} (outputs: {outputs}); "
-                    "add one with add_loss_output(model, ...) or set loss_output_name"
-                )
-            cache[key] = model
-        cached: ModelProto = cache[key]
-        return cached
+    def _model_key(self) -> tuple[Any, ...]:
+        return (id(self.model_onnx), self.loss_output_name)
 
-    def _names(self) -> tuple[list[str], str, str | None, list[str]]:
-        """Trained weights, label input, weight input, feature inputs."""
-        key = (
-            "names",
-            id(self.model_onnx),
-            self.loss_output_name,
-            self.label_name,
-            self.sample_weight_name,
-            None if self.weights_to_train is None else tuple(self.weights_to_train),
-        )
-        if key not in self._graph_cache:
-            self._graph_cache[key] = self._find_names()
-        names: tuple[list[str], str, str | None, list[str]] = self._graph_cache[key]
-        return names
+    @property
+    def _loss_name(self) -> str:
+        return self.loss_output_name
 
-    def _find_names(self) -> tuple[list[str], str, str | None, list[str]]:
-        model = self._model()
-        label = self.label_name or get_metadata(model, "label_name") or "label"
-        weight = self.sample_weight_name or get_metadata(model, "weight_name")
-        inputs = [i.name for i in model.graph.input]
-        for role, name in (("label", label), ("sample weight", weight)):
-            if name is not None and name not in inputs:
-                raise ValueError(f"the {role} input {name!r} is not an input of the model (inputs: {inputs})")
-        weights = (
-            list(self.weights_to_train)
-            if self.weights_to_train is not None
-            else default_weights_to_train(model, self.loss_output_name)
-        )
-        if self.weights_to_train is not None:
-            check_weights(model, self.weights_to_train, self.loss_output_name)
-        if not weights:
-            raise nothing_to_train_error(model, self.loss_output_name)
-        inits = {i.name for i in model.graph.initializer}
-        features = [n for n in inputs if n not in {label, weight} and n not in inits]
-        if len(features) != 1:
-            raise ValueError(f"fit feeds one feature input, but the model has {len(features)}: {features}")
-        return weights, label, weight, features
+    def _input_overrides(self) -> tuple[str | None, str | None]:
+        return self.label_name, self.sample_weight_name
 
-    def _data_spec(self) -> DataSpec:
-        model = self._model()
-        _, label, weight, (feature,) = self._names()
-        by_name = {i.name: i for i in model.graph.input}
-
-        def info(name: str) -> tuple[np.dtype, list[int | None]]:
-            tt = by_name[name].type.tensor_type
-            dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
-            return np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)), dims
-
-        fdtype, fdims = info(feature)
-        ldtype, ldims = info(label)
-        return DataSpec(
-            n_features=fdims[1] if len(fdims) == 2 else None,
-            feature_dtype=fdtype if np.issubdtype(fdtype, np.floating) else np.dtype(np.float32),
-            label_dtype=ldtype,
-            label_tail=tuple(ldims[1:]),
-            has_weight=weight is not None,
-            n_classes=get_metadata(model, "n_classes"),
-        )
-
-    def _initial_state(self) -> TrainingState:
-        weights, *_ = self._names()
-        return TrainingState(initializer_values(self._model(), weights))
-
-    def _prediction_model(self) -> ModelProto:
-        return prediction_graph(self._model(), self.loss_output_name)
-
-    # ---- graphs -----------------------------------------------------------------------
-    def _prepare_graphs(self, device: Device, lr: BaseLearningRate) -> None:
-        weights, *_ = self._names()
-        key = ("trainable", tuple(weights))
-        if key not in self._graph_cache:
-            self._graph_cache[key] = initializers_to_inputs(self._model(), weights)
-
-    def _trainable_model(self) -> ModelProto:
-        weights, *_ = self._names()
-        model: ModelProto = self._graph_cache[("trainable", tuple(weights))]
+    def _build_loss_model(self) -> ModelProto:
+        model = normalise_model(self.model_onnx)
+        outputs = [o.name for o in model.graph.output]
+        if self.loss_output_name not in outputs:
+            raise ValueError(
+                f"the model has no output {self.loss_output_name!r} (outputs: {outputs}); "
+                "add one with add_loss_output(model, ...) or set loss_output_name"
+            )
         return model
 
     def _fused(
