@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 from conftest import initializers, linear_sgd_reference
 
+import ort_train_core._runner as runner_module
 import ort_train_core.optimizer as optimizer_module
 from ort_train_core import OrtGradientOptimizer
 
 
-@pytest.mark.parametrize("limit", [1, optimizer_module.MAX_PREBOUND_BATCHES])
+@pytest.mark.parametrize("limit", [1, runner_module.MAX_PREBOUND_BATCHES])
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_binding_paths_follow_numpy_sgd(monkeypatch, linear_loss_model, linear_data, limit, shuffle):
     monkeypatch.setattr(optimizer_module, "MAX_PREBOUND_BATCHES", limit)

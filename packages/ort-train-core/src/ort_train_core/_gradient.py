@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import onnx
 from onnx import ModelProto, helper
@@ -17,8 +17,9 @@ from onnx import ModelProto, helper
 from ._builder import NodeBuilder
 from ._runtime import C
 from .exceptions import GraphNotDifferentiableError
-from .graph import MAX_IR_VERSION, all_names, check_differentiable
+from .graph import MAX_IR_VERSION, MIN_OPSET, all_names, check_differentiable
 from .learning_rate import BaseLearningRate
+from .losses import BaseLearningLoss, BaseLearningPenalty
 
 
 class GradientBackend(Protocol):
@@ -117,3 +118,154 @@ def build_fused_step_graph(
     del g.output[:]
     g.output.extend(outputs)
     return grad_model, sig
+
+
+@dataclass
+class ForwardBackwardGraphs:
+    """The graph a TrainingAgent runs: forward until a yield, then backward.
+
+    Feeds are the user inputs then the weights; fetches are the gradients of the inputs that
+    require one, then of the weights, in the configured order.
+    """
+
+    gradient_model: ModelProto
+    input_names: list[str]
+    output_names: list[str]
+    weights: list[str]
+    input_grad_names: list[str]
+    fetch_names: list[str]
+
+
+def build_forward_backward(
+    model: ModelProto, weights: Sequence[str], inputs_requiring_grad: Sequence[str]
+) -> ForwardBackwardGraphs:
+    """onnxruntime-training's OrtModuleGraphBuilder; the weight order is the caller's."""
+    outputs = [o.name for o in model.graph.output]
+    for out in outputs:
+        check_differentiable(model, weights, out)
+    cfg = C.OrtModuleGraphBuilderConfiguration()
+    cfg.initializer_names = list(weights)
+    cfg.initializer_names_to_train = list(weights)
+    cfg.input_names_require_grad = list(inputs_requiring_grad)
+    builder = C.OrtModuleGraphBuilder()
+    try:
+        builder.initialize(model.SerializeToString(), cfg)
+        builder.build(C.TrainingGraphTransformerConfiguration())
+    except Exception as exc:
+        raise GraphNotDifferentiableError(
+            f"onnxruntime could not build the forward/backward graphs: {str(exc).splitlines()[0]}"
+        ) from exc
+    info = builder.get_graph_info()
+    grad_model = onnx.load_from_string(builder.get_gradient_model())
+    grad_model.ir_version = min(grad_model.ir_version, MAX_IR_VERSION)
+    input_grads = [n for n in info.user_input_names if n in info.user_input_grad_names]
+    return ForwardBackwardGraphs(
+        gradient_model=grad_model,
+        input_names=list(info.user_input_names),
+        output_names=list(info.user_output_names),
+        weights=list(weights),
+        input_grad_names=input_grads,
+        fetch_names=[o.name for o in grad_model.graph.output],
+    )
+
+
+def build_loss_gradient_graph(
+    loss: BaseLearningLoss,
+    pred_type: int,
+    pred_shape: list[Any],
+    batch: int | None,
+    reduction: str = "mean",
+    backend: GradientBackend = DEFAULT_BACKEND,
+) -> ModelProto:
+    """(prediction, label, weight) -> (loss, prediction_grad), from the same loss nodes as
+    :func:`add_loss_output`, differentiated with respect to the prediction."""
+    from .graph import add_loss_output, set_batch_dimension
+
+    dims = ["N", *pred_shape[1:]]
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["prediction"], ["prediction_out"])],
+        "learning_loss",
+        [helper.make_tensor_value_info("prediction", pred_type, dims)],
+        [helper.make_tensor_value_info("prediction_out", pred_type, dims)],
+    )
+    opset = max(17, MIN_OPSET)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = MAX_IR_VERSION
+    with_loss = add_loss_output(model, loss, weight_name="weight", reduction=reduction)
+    with_loss = set_batch_dimension(with_loss, ["prediction", "label", "weight"], batch)
+    grad = backend.gradient_graph(with_loss, "loss", ["prediction"])
+    kept = [o for o in grad.graph.output if o.name in ("loss", "prediction_grad")]
+    del grad.graph.output[:]
+    grad.graph.output.extend(kept)
+    return grad
+
+
+@dataclass
+class UpdateSignature:
+    weights: list[str]
+    grads: list[str]
+    new_weights: list[str]
+    states: list[list[str]] = field(default_factory=list)
+    new_states: list[list[str]] = field(default_factory=list)
+    scalars: list[str] = field(default_factory=list)
+    penalty: str | None = None
+
+
+def build_update_graph(
+    weights: Sequence[tuple[str, int, Sequence[int]]],
+    learning_rate: BaseLearningRate,
+    penalty: BaseLearningPenalty,
+    penalized: Sequence[str],
+    backend: GradientBackend = DEFAULT_BACKEND,
+) -> tuple[ModelProto, UpdateSignature]:
+    """(weights, gradients, states, scalars) -> (penalty, new weights, new states).
+
+    The penalty's gradient comes from differentiating the same penalty nodes the evaluation
+    graph uses; the update nodes are the learning rate's, as in the fused graph.
+    """
+    names = [w for w, _, _ in weights]
+    elem_type = weights[0][1]
+    inputs = [helper.make_tensor_value_info(w, t, list(shape)) for w, t, shape in weights]
+    b = NodeBuilder(elem_type, 17, names, prefix="pen_")
+    terms = [t for t in (penalty.penalty_nodes(b, w) for w in penalized) if t is not None]
+    if terms:
+        total = terms[0] if len(terms) == 1 else b.op("Sum", terms, "penalty_sum")
+        b.nodes.append(helper.make_node("Identity", [total], ["penalty"], name=b.name("n_penalty")))
+        pen_graph = helper.make_graph(
+            b.nodes, "penalty", inputs, [helper.make_tensor_value_info("penalty", elem_type, [])]
+        )
+        pen_model = helper.make_model(pen_graph, opset_imports=[helper.make_opsetid("", 17)])
+        pen_model.ir_version = MAX_IR_VERSION
+        with_terms = [w for w in penalized if w in set(names)]
+        model = backend.gradient_graph(pen_model, "penalty", with_terms)
+        pen_grads = {w: f"{w}_grad" for w in with_terms}
+    else:
+        graph = helper.make_graph([], "update", inputs, [])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = MAX_IR_VERSION
+        pen_grads = {}
+    g = model.graph
+    ub = NodeBuilder(elem_type, 17, all_names(model), prefix="upd_")
+    scalars = {s: ub.name(s) for s in learning_rate.scalar_names}
+    sig = UpdateSignature(names, [], [], scalars=list(scalars.values()), penalty="penalty" if terms else None)
+    new_inputs, outputs = [], []
+    if terms:
+        outputs.append(helper.make_tensor_value_info("penalty", elem_type, []))
+    for w, t, shape in weights:
+        grad_in = ub.name(f"grad_{w}")
+        sig.grads.append(grad_in)
+        new_inputs.append(helper.make_tensor_value_info(grad_in, t, list(shape)))
+        grad = ub.op("Add", [grad_in, pen_grads[w]], f"{w}_total_grad") if w in pen_grads else grad_in
+        states = [ub.name(f"{w}_{s}") for s in learning_rate.state_names]
+        new_inputs.extend(helper.make_tensor_value_info(s, t, list(shape)) for s in states)
+        w_new, new_states = learning_rate.update_nodes(ub, w, grad, states, scalars)
+        sig.new_weights.append(w_new)
+        sig.states.append(states)
+        sig.new_states.append(new_states)
+        outputs.extend(helper.make_tensor_value_info(n, t, list(shape)) for n in [w_new, *new_states])
+    new_inputs.extend(helper.make_tensor_value_info(s, elem_type, []) for s in scalars.values())
+    g.node.extend(ub.nodes)
+    g.input.extend(new_inputs)
+    del g.output[:]
+    g.output.extend(outputs)
+    return model, sig

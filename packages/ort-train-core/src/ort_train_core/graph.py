@@ -139,6 +139,8 @@ def add_loss_output(
     """
     if not isinstance(onx, ModelProto):
         raise TypeError(f"onx must be an onnx.ModelProto, not {type(onx).__name__}")
+    if score_name == "log":  # here the graph's output already holds probabilities
+        kwargs.setdefault("probability_function", "none")
     loss = make_loss(score_name, **kwargs)
     loss.validate()
     model = normalise_model(onx)

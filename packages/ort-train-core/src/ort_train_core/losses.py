@@ -128,6 +128,10 @@ class NegLogLearningLoss(BaseLearningLoss):
 
     def row_loss(self, b: NodeBuilder, pred: str, label: str, pred_shape: list[int | None]) -> str:
         n_cols = _n_columns(pred_shape)
+        if self.probability_function == "sigmoid":
+            pred = b.op("Sigmoid", [pred], "proba")
+        elif self.probability_function == "softmax":
+            pred = b.op("Softmax", [pred], "proba", axis=1)
         p = b.op("Clip", [pred, b.const(self.eps, "eps"), b.const(1.0 - self.eps, "one_m_eps")], "p")
         if n_cols == 1:
             y = _float_label_like(b, label, pred_shape)

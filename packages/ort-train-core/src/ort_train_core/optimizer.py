@@ -9,11 +9,12 @@ from typing import Any
 import numpy as np
 from onnx import ModelProto
 
-from ._binding import CachedBinding, DeviceArray, make_session
+from ._binding import CachedBinding, make_session
 from ._data import BatchStore
 from ._fit_loop import TrainingState
 from ._gradient import FusedStepSignature, build_fused_step_graph
 from ._loss_trainer import LossGraphTrainer
+from ._runner import MAX_PREBOUND_BATCHES, DoubleBufferedRunner, host_ortvalue
 from ._runtime import Device
 from .callbacks import Callback
 from .graph import (
@@ -139,13 +140,8 @@ class OrtGradientOptimizer(LossGraphTrainer):
         )
 
 
-#: above this many batches per epoch, data inputs are bound at each step instead of once
-MAX_PREBOUND_BATCHES = 2048
-
-
-class _FusedRunner:
-    """Double-buffered weights and states, and one cached binding per (batch size, parity):
-    a step binds only the batch's data (pre-made OrtValues) and runs."""
+class _FusedRunner(DoubleBufferedRunner):
+    """One session run per step: a binding per (parity, batch) holds everything, data included."""
 
     def __init__(
         self,
@@ -159,33 +155,10 @@ class _FusedRunner:
         loss_name: str,
         data_names: list[str],
     ) -> None:
-        self.store = store
-        self.lr = lr
-        self.device = device
-        any_sig = next(iter(graphs.values()))[1]
-        self.weight_names = any_sig.weights
-        dtype = next(iter(state.weights.values())).dtype
-        self.buffers = {
-            w: [DeviceArray(state.weights[w], device) for _ in range(2)] for w in self.weight_names
-        }
-        opt = state.optimizer
-        self.states = {
-            w: [
-                [
-                    DeviceArray(opt[w][j] if w in opt else np.zeros_like(state.weights[w]), device)
-                    for _ in range(2)
-                ]
-                for j in range(len(lr.state_names))
-            ]
-            for w in self.weight_names
-        }
-        self.n_steps = state.n_steps
-        self.scalar_host = [np.zeros((), dtype=dtype) for _ in lr.scalar_names]
-        self.scalar_values = [C_ortvalue(a) for a in self.scalar_host]
-        self.loss_host = np.zeros((), dtype=dtype)
-        self.loss_value = C_ortvalue(self.loss_host)
-        self.parity = 0
-        self.data_names = data_names
+        weights = next(iter(graphs.values()))[1].weights
+        super().__init__(store, state, device, lr, weights, evaluator, validation, loss_name, data_names)
+        self.loss_host = np.zeros((), dtype=self.dtype)
+        self.loss_value = host_ortvalue(self.loss_host)
         # One binding per (parity, batch) with the batch's data bound too, made on first use: a
         # step is then a bare run. Past MAX_PREBOUND_BATCHES, one binding per (parity, batch
         # size) whose data inputs are bound again at each step.
@@ -199,35 +172,11 @@ class _FusedRunner:
         }
         n = len(store.bounds)
         self.step_bindings: list[list[tuple[Any, Any] | None]] = [[None] * n, [None] * n]
-        self.per_step_scalars = lr.scalars_change_every_step
-        self.epoch = 0
-        self.has_validation = validation is not None
-        if validation is not None:
-            self.eval_binding = CachedBinding(evaluator)
-            names = self.data_names
-            self.val_arrays = [DeviceArray(a, device, copy=False) for a in validation if a is not None]
-            for name, arr in zip(names, self.val_arrays):
-                self.eval_binding.bind_input(name, arr.ortvalue)
-            self.val_loss_host = np.zeros((), dtype=dtype)
-            self.val_loss_value = C_ortvalue(self.val_loss_host)
-            self.eval_binding.bind_output(loss_name, self.val_loss_value)
 
     def _binding(self, sig: FusedStepSignature, sess: Any, parity: int) -> CachedBinding:
-        """Reads weights and states of ``parity``, writes the other buffers (never the same one).
-
-        Every OrtValue bound here is owned by this runner, which outlives the binding.
-        """
         b = CachedBinding(sess)
-        raw_in, raw_out = b.binding.bind_ortvalue_input, b.binding.bind_ortvalue_output
-        for k, w in enumerate(sig.weights):
-            raw_in(w, self.buffers[w][parity].ortvalue)
-            raw_out(sig.new_weights[k], self.buffers[w][1 - parity].ortvalue)
-            for j, (s_in, s_out) in enumerate(zip(sig.states[k], sig.new_states[k])):
-                raw_in(s_in, self.states[w][j][parity].ortvalue)
-                raw_out(s_out, self.states[w][j][1 - parity].ortvalue)
-        for name, ov in zip(sig.scalars, self.scalar_values):
-            raw_in(name, ov)
-        raw_out(sig.loss, self.loss_value)
+        self.bind_update(b.binding, sig, parity)
+        b.binding.bind_ortvalue_output(sig.loss, self.loss_value)
         return b
 
     def _step_binding(self, batch: int) -> tuple[Any, Any]:
@@ -246,14 +195,6 @@ class _FusedRunner:
         self.step_bindings[self.parity][batch] = entry
         return entry
 
-    def _write_scalars(self) -> None:
-        for host, value in zip(self.scalar_host, self.lr.scalar_values(self.epoch, self.n_steps + 1)):
-            host[()] = value
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-        self._write_scalars()
-
     def step(self, batch: int) -> float:
         run, b = self.step_bindings[self.parity][batch] or self._step_binding(batch)
         if self.per_step_scalars:
@@ -262,34 +203,3 @@ class _FusedRunner:
         self.parity ^= 1
         self.n_steps += 1
         return float(self.loss_host)
-
-    def snapshot(self) -> TrainingState:
-        p = self.parity
-        return TrainingState(
-            {w: self.buffers[w][p].read() for w in self.weight_names},
-            {w: [s[p].read() for s in self.states[w]] for w in self.weight_names if self.states[w]},
-            self.n_steps,
-        )
-
-    def restore(self, state: TrainingState) -> None:
-        p = self.parity
-        for w in self.weight_names:
-            self.buffers[w][p].write(state.weights[w])
-            for j, s in enumerate(self.states[w]):
-                s[p].write(state.optimizer[w][j])
-        self.n_steps = state.n_steps
-
-    def validation_loss(self) -> float:
-        for w in self.weight_names:
-            self.eval_binding.bind_input(w, self.buffers[w][self.parity].ortvalue)
-        self.eval_binding.run()
-        return float(self.val_loss_host)
-
-
-def C_ortvalue(host: np.ndarray) -> Any:
-    """An OrtValue viewing a host array the caller keeps alive (0-d scalars, loss outputs)."""
-    from ._runtime import C
-
-    return C.OrtValue.ortvalue_from_numpy(
-        host, C.OrtDevice(C.OrtDevice.cpu(), C.OrtDevice.default_memory(), 0)
-    )

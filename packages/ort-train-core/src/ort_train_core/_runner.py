@@ -1,0 +1,123 @@
+"""What the step runners of both loops share: weights and optimizer states double-buffered on
+the device, the per-step scalars of the learning rate, snapshots for rollback, and the
+validation loss. A runner differs only in :meth:`step`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ._binding import CachedBinding, DeviceArray
+from ._data import BatchStore
+from ._fit_loop import TrainingState
+from ._runtime import C, Device
+from .learning_rate import BaseLearningRate
+
+#: above this many batches per epoch, data inputs are bound at each step instead of once
+MAX_PREBOUND_BATCHES = 2048
+
+
+def host_ortvalue(host: np.ndarray) -> Any:
+    """An OrtValue viewing a host array the caller keeps alive (0-d scalars, loss outputs)."""
+    return C.OrtValue.ortvalue_from_numpy(
+        host, C.OrtDevice(C.OrtDevice.cpu(), C.OrtDevice.default_memory(), 0)
+    )
+
+
+class DoubleBufferedRunner:
+    """Parity p holds the current weights and states; an update reads p and writes 1 - p (never
+    the same buffer as input and output), then the parity flips."""
+
+    def __init__(
+        self,
+        store: BatchStore,
+        state: TrainingState,
+        device: Device,
+        lr: BaseLearningRate,
+        weight_names: Sequence[str],
+        evaluator: Any,
+        validation: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None,
+        loss_name: str,
+        data_names: list[str],
+    ) -> None:
+        self.store = store
+        self.lr = lr
+        self.device = device
+        self.weight_names = list(weight_names)
+        self.data_names = data_names
+        dtype = next(iter(state.weights.values())).dtype
+        self.dtype = dtype
+        self.buffers = {
+            w: [DeviceArray(state.weights[w], device) for _ in range(2)] for w in self.weight_names
+        }
+        opt = state.optimizer
+        self.states = {
+            w: [
+                [
+                    DeviceArray(opt[w][j] if w in opt else np.zeros_like(state.weights[w]), device)
+                    for _ in range(2)
+                ]
+                for j in range(len(lr.state_names))
+            ]
+            for w in self.weight_names
+        }
+        self.n_steps = state.n_steps
+        self.scalar_host = [np.zeros((), dtype=dtype) for _ in lr.scalar_names]
+        self.scalar_values = [host_ortvalue(a) for a in self.scalar_host]
+        self.per_step_scalars = lr.scalars_change_every_step
+        self.parity = 0
+        self.epoch = 0
+        self.has_validation = validation is not None
+        if validation is not None:
+            self.eval_binding = CachedBinding(evaluator)
+            self.val_arrays = [DeviceArray(a, device, copy=False) for a in validation if a is not None]
+            for name, arr in zip(data_names, self.val_arrays):
+                self.eval_binding.bind_input(name, arr.ortvalue)
+            self.val_loss_host = np.zeros((), dtype=dtype)
+            self.val_loss_value = host_ortvalue(self.val_loss_host)
+            self.eval_binding.bind_output(loss_name, self.val_loss_value)
+
+    def bind_update(self, binding: Any, sig: Any, parity: int) -> None:
+        """Binds weights, states and scalars of an update (fused or standalone): reads
+        ``parity``, writes the other buffers. The runner owns every OrtValue bound here."""
+        raw_in, raw_out = binding.bind_ortvalue_input, binding.bind_ortvalue_output
+        for k, w in enumerate(sig.weights):
+            raw_in(w, self.buffers[w][parity].ortvalue)
+            raw_out(sig.new_weights[k], self.buffers[w][1 - parity].ortvalue)
+            for j, (s_in, s_out) in enumerate(zip(sig.states[k], sig.new_states[k])):
+                raw_in(s_in, self.states[w][j][parity].ortvalue)
+                raw_out(s_out, self.states[w][j][1 - parity].ortvalue)
+        for name, ov in zip(sig.scalars, self.scalar_values):
+            raw_in(name, ov)
+
+    def _write_scalars(self) -> None:
+        for host, value in zip(self.scalar_host, self.lr.scalar_values(self.epoch, self.n_steps + 1)):
+            host[()] = value
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        self._write_scalars()
+
+    def snapshot(self) -> TrainingState:
+        p = self.parity
+        return TrainingState(
+            {w: self.buffers[w][p].read() for w in self.weight_names},
+            {w: [s[p].read() for s in self.states[w]] for w in self.weight_names if self.states[w]},
+            self.n_steps,
+        )
+
+    def restore(self, state: TrainingState) -> None:
+        p = self.parity
+        for w in self.weight_names:
+            self.buffers[w][p].write(state.weights[w])
+            for j, s in enumerate(self.states[w]):
+                s[p].write(state.optimizer[w][j])
+        self.n_steps = state.n_steps
+
+    def validation_loss(self) -> float:
+        for w in self.weight_names:
+            self.eval_binding.bind_input(w, self.buffers[w][self.parity].ortvalue)
+        self.eval_binding.run()
+        return float(self.val_loss_host)
