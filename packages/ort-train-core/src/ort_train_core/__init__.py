@@ -37,7 +37,9 @@ from .losses import (
     NoLearningPenalty,
     SquareLearningLoss,
 )
+from .forward_backward import OrtGradientForwardBackward
 from .optimizer import OrtGradientOptimizer
+from .partial import OrtGradientForwardBackwardOptimizer
 
 __all__ = [
     "AbsoluteLearningLoss",
@@ -58,6 +60,8 @@ __all__ = [
     "LearningRateSGDNesterov",
     "NegLogLearningLoss",
     "NoLearningPenalty",
+    "OrtGradientForwardBackward",
+    "OrtGradientForwardBackwardOptimizer",
     "OrtGradientOptimizer",
     "ProgressBar",
     "SquareLearningLoss",

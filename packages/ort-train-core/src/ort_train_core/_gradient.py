@@ -42,10 +42,12 @@ class OrtGradientGraphBuilderBackend:
             builder.build()
         except Exception as exc:  # onnxruntime raises RuntimeError/Fail with C++ context
             text = str(exc)
-            ops = re.findall(r"op_type[=: ]+'?(\w+)", text)
-            detail = f" (operators: {', '.join(sorted(set(ops)))})" if ops else ""
+            missing = re.findall(r"has not been registered: (\S+) for node (\S+)", text)
+            if missing:
+                detail = "; ".join(f"operator {op} (node {node!r}) has no gradient" for op, node in missing)
+                raise GraphNotDifferentiableError(f"the gradient graph cannot be built; {detail}") from exc
             raise GraphNotDifferentiableError(
-                f"onnxruntime could not build the gradient graph{detail}: {text.splitlines()[0]}"
+                f"onnxruntime could not build the gradient graph: {text.splitlines()[0]}"
             ) from exc
         out = onnx.load_from_string(builder.get_model())
         out.ir_version = min(out.ir_version, MAX_IR_VERSION)
@@ -229,7 +231,9 @@ def build_update_graph(
     b = NodeBuilder(elem_type, 17, names, prefix="pen_")
     terms = [t for t in (penalty.penalty_nodes(b, w) for w in penalized) if t is not None]
     if terms:
-        total = terms[0] if len(terms) == 1 else b.op("Sum", terms, "penalty_sum")
+        total = terms[0]
+        for term in terms[1:]:  # Add, not Sum: Sum has no gradient in onnxruntime-training
+            total = b.op("Add", [total, term], "penalty_sum")
         b.nodes.append(helper.make_node("Identity", [total], ["penalty"], name=b.name("n_penalty")))
         pen_graph = helper.make_graph(
             b.nodes, "penalty", inputs, [helper.make_tensor_value_info("penalty", elem_type, [])]

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 from onnx import ModelProto, helper
 
+from ._binding import make_session
 from ._data import DataSpec
 from ._fit_loop import BaseOrtTrainer, TrainingState
 from ._runtime import Device
@@ -130,3 +131,9 @@ class LossGraphTrainer(BaseOrtTrainer):
         weights, *_ = self._names()
         model: ModelProto = self._graph_cache[("trainable", tuple(weights))]
         return model
+
+    def _evaluator(self, device: Device) -> Any:
+        key = ("eval", str(device))
+        if key not in self._graph_cache:
+            self._graph_cache[key] = make_session(self._trainable_model(), device)
+        return self._graph_cache[key]

@@ -13,7 +13,7 @@ from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 from ._builder import FLOAT_TYPES, NodeBuilder
 from .exceptions import GraphNotDifferentiableError
-from .losses import BaseLearningLoss, make_loss, penalty_term, reduce_rows
+from .losses import BaseLearningLoss, BaseLearningPenalty, ElasticLearningPenalty, make_loss, reduce_rows
 
 MAX_IR_VERSION = 10
 MAX_OPSET = 21
@@ -127,7 +127,7 @@ def add_loss_output(
     loss_name: str = "loss",
     label_name: str = "label",
     weight_name: str | None = None,
-    penalty: Mapping[str, float | Mapping[str, float]] | None = None,
+    penalty: Mapping[str, float | Mapping[str, float] | BaseLearningPenalty] | None = None,
     output_index: int = 0,
     reduction: str = "mean",
     **kwargs: Any,
@@ -161,23 +161,16 @@ def add_loss_output(
             f"loss_name, label_name and weight_name must differ, got {loss_name!r}, "
             f"{label_name!r}, {weight_name!r}"
         )
+    inits = {i.name for i in g.initializer}
+    penalties = parse_penalty(penalty)
+    for wname in penalties:
+        if wname not in inits:
+            raise ValueError(f"penalty names {wname!r}, which is not an initializer of the graph")
     b = NodeBuilder(pred_type, _opset(model), taken, prefix="loss_")
     row = loss.row_loss(b, pred, label_name, pred_shape)
     total = reduce_rows(b, row, weight_name, reduction)
-    inits = {i.name: i for i in g.initializer}
-    for wname, coefs in (penalty or {}).items():
-        if wname not in inits:
-            raise ValueError(f"penalty names {wname!r}, which is not an initializer of the graph")
-        if isinstance(coefs, Mapping):
-            unknown = set(coefs) - {"l1", "l2"}
-            if unknown:
-                raise ValueError(f"penalty for {wname!r} takes keys 'l1' and 'l2', not {sorted(unknown)}")
-            l1, l2 = float(coefs.get("l1", 0.0)), float(coefs.get("l2", 0.0))
-        else:
-            l1, l2 = 0.0, float(coefs)
-        if l1 < 0 or l2 < 0:
-            raise ValueError(f"penalty coefficients must be >= 0, got l1={l1}, l2={l2} for {wname!r}")
-        term = penalty_term(b, wname, l1, l2)
+    for wname, pen in penalties.items():
+        term = pen.penalty_nodes(b, wname)
         if term is not None:
             total = b.op("Add", [total, term], "objective")
     b.nodes.append(helper.make_node("Identity", [total], [loss_name], name=b.name("n_loss")))
@@ -205,6 +198,29 @@ def add_loss_output(
     )
     onnx.checker.check_model(model)
     return model
+
+
+def parse_penalty(
+    penalty: Mapping[str, float | Mapping[str, float] | BaseLearningPenalty] | None,
+) -> dict[str, BaseLearningPenalty]:
+    """``{'coef': {'l1': a, 'l2': b}}``, ``{'coef': b}`` (l2 only) or penalty objects, by weight."""
+    out: dict[str, BaseLearningPenalty] = {}
+    for wname, coefs in (penalty or {}).items():
+        if isinstance(coefs, BaseLearningPenalty):
+            pen = coefs
+        elif isinstance(coefs, Mapping):
+            unknown = set(coefs) - {"l1", "l2"}
+            if unknown:
+                raise ValueError(f"penalty for {wname!r} takes keys 'l1' and 'l2', not {sorted(unknown)}")
+            pen = ElasticLearningPenalty(l1=float(coefs.get("l1", 0.0)), l2=float(coefs.get("l2", 0.0)))
+        else:
+            pen = ElasticLearningPenalty(l1=0.0, l2=float(coefs))
+        try:
+            pen.validate()
+        except ValueError as exc:
+            raise ValueError(f"penalty for {wname!r}: {exc}") from exc
+        out[wname] = pen
+    return out
 
 
 def _producers(model: ModelProto) -> dict[str, int]:

@@ -101,12 +101,6 @@ class OrtGradientOptimizer(LossGraphTrainer):
         value: tuple[ModelProto, FusedStepSignature, Any] = cache[key]
         return value
 
-    def _evaluator(self, device: Device) -> Any:
-        key = ("eval", str(device))
-        if key not in self._graph_cache:
-            self._graph_cache[key] = make_session(self._trainable_model(), device)
-        return self._graph_cache[key]
-
     def _graphs_to_save(self) -> dict[str, ModelProto]:
         out = {"loss": self._model()}
         for key, value in self._graph_cache.items():

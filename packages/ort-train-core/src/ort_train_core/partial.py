@@ -1,0 +1,332 @@
+"""Partial training: the graph's forward and backward run through TrainingAgent; the loss, the
+penalty and the update are small ONNX graphs of their own, run on the same device. The fit loop
+is the one the full loop uses; only the step differs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from onnx import ModelProto
+
+from ._binding import DeviceArray, make_session
+from ._data import BatchStore
+from ._fit_loop import TrainingState
+from ._gradient import (
+    ForwardBackwardGraphs,
+    UpdateSignature,
+    build_forward_backward,
+    build_loss_gradient_graph,
+    build_update_graph,
+)
+from ._loss_trainer import LossGraphTrainer
+from ._runner import DoubleBufferedRunner, host_ortvalue
+from ._runtime import C, Device
+from .callbacks import Callback
+from .graph import (
+    add_loss_output,
+    all_names,
+    default_weights_to_train,
+    normalise_model,
+    output_shape,
+)
+from .learning_rate import BaseLearningRate
+from .losses import BaseLearningLoss, BaseLearningPenalty, NoLearningPenalty, make_loss
+
+
+class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
+    """Trains a prediction graph with a pluggable loss, penalty and learning rate.
+
+    ``learning_penalty`` applies to every trained weight of rank >= 2 (not biases).
+    ``weight_name`` names the sample-weight input of the loss graphs it builds.
+    """
+
+    def __init__(
+        self,
+        model_onnx: ModelProto,
+        weights_to_train: Sequence[str] | None = None,
+        max_iter: int = 100,
+        batch_size: int = 10,
+        learning_rate: Any = "SGD",
+        device: str = "cpu",
+        warm_start: bool = False,
+        verbose: int = 0,
+        learning_loss: str | BaseLearningLoss = "square_error",
+        learning_penalty: BaseLearningPenalty | None = None,
+        weight_name: str | None = None,
+        shuffle: bool = True,
+        random_state: int | None = None,
+        output_index: int = 0,
+        tol: float | None = None,
+        n_iter_no_change: int = 5,
+        callbacks: Sequence[Callback] | None = None,
+    ) -> None:
+        self.model_onnx = model_onnx
+        self.weights_to_train = weights_to_train
+        self.max_iter = max_iter
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.device = device
+        self.warm_start = warm_start
+        self.verbose = verbose
+        self.learning_loss = learning_loss
+        self.learning_penalty = learning_penalty
+        self.weight_name = weight_name
+        self.shuffle = shuffle
+        self.random_state = random_state
+        self.output_index = output_index
+        self.tol = tol
+        self.n_iter_no_change = n_iter_no_change
+        self.callbacks = callbacks
+
+    # ---- the pieces ------------------------------------------------------------------------
+    def _loss(self) -> BaseLearningLoss:
+        loss = make_loss(self.learning_loss)
+        loss.validate()
+        return loss
+
+    def _penalty(self) -> BaseLearningPenalty:
+        penalty = NoLearningPenalty() if self.learning_penalty is None else self.learning_penalty
+        if not isinstance(penalty, BaseLearningPenalty):
+            raise TypeError(
+                "learning_penalty must be None, NoLearningPenalty() or ElasticLearningPenalty(l1, l2), "
+                f"not {penalty!r}"
+            )
+        penalty.validate()
+        return penalty
+
+    def _model_key(self) -> tuple[Any, ...]:
+        return (
+            id(self.model_onnx),
+            repr(self.learning_loss),
+            repr(self.learning_penalty),
+            self.weight_name,
+            self.output_index,
+            None if self.weights_to_train is None else tuple(self.weights_to_train),
+        )
+
+    def _build_loss_model(self) -> ModelProto:
+        """The evaluation graph: prediction, learning loss and penalty (the objective)."""
+        model = normalise_model(self.model_onnx)
+        outputs = model.graph.output
+        if not 0 <= self.output_index < len(outputs):
+            raise ValueError(f"output_index={self.output_index} but the graph has {len(outputs)} output(s)")
+        weights = (
+            list(self.weights_to_train)
+            if self.weights_to_train is not None
+            else default_weights_to_train(model, outputs[self.output_index].name)
+        )
+        penalty = self._penalty()
+        ranks = {i.name: len(i.dims) for i in model.graph.initializer}
+        penalized = {w: penalty for w in weights if ranks.get(w, 0) >= 2}
+        taken = all_names(model)
+        return add_loss_output(
+            model,
+            self._loss(),
+            loss_name=_free(taken, "loss"),
+            label_name=_free(taken, "label"),
+            weight_name=_free(taken, self.weight_name or "sample_weight"),
+            penalty=penalized,
+            output_index=self.output_index,
+        )
+
+    @property
+    def _loss_name(self) -> str:
+        return _free(all_names(normalise_model(self.model_onnx)), "loss")
+
+    def _penalized(self) -> list[str]:
+        weights, *_ = self._names()
+        shapes = {i.name: len(i.dims) for i in self._model().graph.initializer}
+        return (
+            [w for w in weights if shapes[w] >= 2]
+            if not isinstance(self._penalty(), NoLearningPenalty)
+            else []
+        )
+
+    def _forward_backward(self, device: Device) -> tuple[ForwardBackwardGraphs, Any, Any]:
+        weights, *_ = self._names()
+        key = ("forward_backward", tuple(weights), str(device))
+        if key not in self._graph_cache:
+            graphs = build_forward_backward(self._prediction_model(), weights, [])
+            sess = make_session(graphs.gradient_model, device)
+            dev = device.ort_device
+            agent = C.TrainingAgent(
+                sess,
+                [*graphs.input_names, *weights],
+                [dev] * len(graphs.output_names),
+                graphs.fetch_names,
+                [dev] * len(graphs.fetch_names),
+                0,
+            )
+            self._graph_cache[key] = (graphs, sess, agent)
+        value: tuple[ForwardBackwardGraphs, Any, Any] = self._graph_cache[key]
+        return value
+
+    def _loss_gradient(self, batch: int, device: Device) -> tuple[ModelProto, Any]:
+        key = ("loss_gradient", batch, str(device))
+        if key not in self._graph_cache:
+            pred_model = self._prediction_model()
+            pred = pred_model.graph.output[self.output_index].name
+            pred_type, pred_shape = output_shape(pred_model, pred)
+            model = build_loss_gradient_graph(self._loss(), pred_type, pred_shape, batch)
+            self._graph_cache[key] = (model, make_session(model, device))
+        value: tuple[ModelProto, Any] = self._graph_cache[key]
+        return value
+
+    def _update(self, device: Device, lr: BaseLearningRate) -> tuple[ModelProto, UpdateSignature, Any]:
+        key = ("update", str(device), repr(lr))
+        if key not in self._graph_cache:
+            weights, *_ = self._names()
+            inits = {i.name: i for i in self._model().graph.initializer}
+            spec = [(w, inits[w].data_type, list(inits[w].dims)) for w in weights]
+            model, sig = build_update_graph(spec, lr, self._penalty(), self._penalized())
+            self._graph_cache[key] = (model, sig, make_session(model, device))
+        value: tuple[ModelProto, UpdateSignature, Any] = self._graph_cache[key]
+        return value
+
+    def _graphs_to_save(self) -> dict[str, ModelProto]:
+        out = {"evaluation_loss": self._model()}
+        for key, value in self._graph_cache.items():
+            if not isinstance(key, tuple):
+                continue
+            if key[0] == "forward_backward":
+                out["forward_backward"] = value[0].gradient_model
+            elif key[0] == "loss_gradient":
+                out[f"loss_gradient_batch{key[1]}"] = value[0]
+            elif key[0] == "update":
+                out["penalty_and_update"] = value[0]
+        return out
+
+    def _make_runner(
+        self,
+        store: BatchStore,
+        state: TrainingState,
+        device: Device,
+        lr: BaseLearningRate,
+        validation: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None,
+    ) -> _PartialRunner:
+        sizes = sorted({e - s for s, e in store.bounds})
+        _, label, weight, features = self._names()
+        return _PartialRunner(
+            store,
+            state,
+            device,
+            lr,
+            self._forward_backward(device),
+            {size: self._loss_gradient(size, device)[1] for size in sizes},
+            self._update(device, lr),
+            self.output_index,
+            self._evaluator(device) if validation is not None else None,
+            validation,
+            self._loss_name,
+            [*features, label] + ([weight] if weight else []),
+        )
+
+
+def _free(taken: set[str], base: str) -> str:
+    name, i = base, 0
+    while name in taken:
+        i += 1
+        name = f"{base}_{i}"
+    return name
+
+
+class _PartialRunner(DoubleBufferedRunner):
+    """forward (TrainingAgent) -> loss graph -> backward -> penalty and update graph."""
+
+    def __init__(
+        self,
+        store: BatchStore,
+        state: TrainingState,
+        device: Device,
+        lr: BaseLearningRate,
+        forward_backward: tuple[ForwardBackwardGraphs, Any, Any],
+        loss_sessions: dict[int, Any],
+        update: tuple[ModelProto, UpdateSignature, Any],
+        output_index: int,
+        evaluator: Any,
+        validation: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None,
+        loss_name: str,
+        data_names: list[str],
+    ) -> None:
+        graphs, _, self.agent = forward_backward
+        super().__init__(
+            store, state, device, lr, graphs.weights, evaluator, validation, loss_name, data_names
+        )
+        self.n_inputs = len(graphs.input_names)
+        self.n_outputs = len(graphs.output_names)
+        self.output_index = output_index
+        self.loss_sessions = loss_sessions
+        self.loss_host = np.zeros((), dtype=self.dtype)
+        self.loss_value = host_ortvalue(self.loss_host)
+        self.penalty_host = np.zeros((), dtype=self.dtype)
+        self.penalty_value = host_ortvalue(self.penalty_host)
+        _, self.update_sig, update_sess = update
+        self.update_bindings = []
+        for parity in (0, 1):
+            b = C.SessionIOBinding(update_sess)
+            self.bind_update(b, self.update_sig, parity)
+            if self.update_sig.penalty is not None:
+                b.bind_ortvalue_output(self.update_sig.penalty, self.penalty_value)
+            self.update_bindings.append((update_sess.run_with_iobinding, b))
+        n = len(store.bounds)
+        self.forward_inputs: list[list[Any]] = [[None] * n, [None] * n]
+        self.loss_entries: list[Any] = [None] * n
+        self._grad_buffers: dict[int, list[DeviceArray]] = {}
+
+    def _forward_inputs(self, batch: int) -> Any:
+        vec = C.OrtValueVector()
+        data = self.store.batches[batch]
+        for ov in data[: self.n_inputs]:
+            vec.push_back(ov)
+        for w in self.weight_names:
+            vec.push_back(self.buffers[w][self.parity].ortvalue)
+        self.forward_inputs[self.parity][batch] = vec
+        return vec
+
+    def _loss_entry(self, batch: int, outputs: Any) -> tuple[Any, Any, Any]:
+        """Binding of the loss graph for this batch (label and weight bound once) and the
+        output-gradient vector of its batch size (the loss gradient lands in a fixed buffer)."""
+        s, e = self.store.bounds[batch]
+        size = e - s
+        sess = self.loss_sessions[size]
+        if size not in self._grad_buffers:
+            dtype = self.dtype
+            self._grad_buffers[size] = [
+                DeviceArray.zeros(tuple(outputs[k].shape()), dtype, self.device)
+                for k in range(self.n_outputs)
+            ]
+        grads = self._grad_buffers[size]
+        b = C.SessionIOBinding(sess)
+        data = self.store.batches[batch]
+        b.bind_ortvalue_input("label", data[self.n_inputs])
+        b.bind_ortvalue_input("weight", data[self.n_inputs + 1])
+        b.bind_ortvalue_output("loss", self.loss_value)
+        b.bind_ortvalue_output("prediction_grad", grads[self.output_index].ortvalue)
+        vec = C.OrtValueVector()
+        for g in grads:
+            vec.push_back(g.ortvalue)
+        entry = (sess.run_with_iobinding, b, vec)
+        self.loss_entries[batch] = entry
+        return entry
+
+    def step(self, batch: int) -> float:
+        vin = self.forward_inputs[self.parity][batch] or self._forward_inputs(batch)
+        out = C.OrtValueVector()
+        state = C.PartialGraphExecutionState()
+        self.agent.run_forward(vin, out, state, None)
+        run_loss, loss_binding, grad_outputs = self.loss_entries[batch] or self._loss_entry(batch, out)
+        loss_binding.bind_ortvalue_input("prediction", out[self.output_index])
+        run_loss(loss_binding, None)
+        grads = C.OrtValueVector()
+        self.agent.run_backward(grad_outputs, grads, state)
+        run_update, update_binding = self.update_bindings[self.parity]
+        for k, name in enumerate(self.update_sig.grads):
+            update_binding.bind_ortvalue_input(name, grads[k])
+        if self.per_step_scalars:
+            self._write_scalars()
+        run_update(update_binding, None)
+        self.parity ^= 1
+        self.n_steps += 1
+        return float(self.loss_host) + float(self.penalty_host)
