@@ -13,6 +13,7 @@ from .exceptions import (
     GraphNotDifferentiableError,
     TrainingRuntimeError,
 )
+from .forward_backward import OrtGradientForwardBackward
 from .graph import (
     add_loss_output,
     default_weights_to_train,
@@ -37,7 +38,6 @@ from .losses import (
     NoLearningPenalty,
     SquareLearningLoss,
 )
-from .forward_backward import OrtGradientForwardBackward
 from .optimizer import OrtGradientOptimizer
 from .partial import OrtGradientForwardBackwardOptimizer
 
