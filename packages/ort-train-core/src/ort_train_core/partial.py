@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from onnx import ModelProto
+import onnx
+from onnx import ModelProto, helper
 
 from ._binding import DeviceArray, make_session
 from ._data import BatchStore
@@ -32,7 +33,14 @@ from .graph import (
     output_shape,
 )
 from .learning_rate import BaseLearningRate
-from .losses import BaseLearningLoss, BaseLearningPenalty, NoLearningPenalty, make_loss
+from .losses import (
+    BaseLearningLoss,
+    BaseLearningPenalty,
+    CrossEntropyLearningLoss,
+    NegLogLearningLoss,
+    NoLearningPenalty,
+    make_loss,
+)
 
 
 class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
@@ -184,6 +192,37 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
             self._graph_cache[key] = (model, sig, make_session(model, device))
         value: tuple[ModelProto, UpdateSignature, Any] = self._graph_cache[key]
         return value
+
+    def get_trained_onnx(self, with_probability: bool = False) -> ModelProto:
+        """The prediction graph with the trained weights; ``with_probability=True`` appends the
+        probability function the loss applied to the raw scores (sigmoid or softmax), so the
+        exported output holds probabilities."""
+        model = super().get_trained_onnx()
+        if not with_probability:
+            return model
+        loss = self._loss()
+        pred = model.graph.output[self.output_index]
+        _, shape = output_shape(model, pred.name)
+        n_cols = shape[1] if len(shape) == 2 else 1
+        if isinstance(loss, NegLogLearningLoss):
+            function = loss.probability_function
+        elif isinstance(loss, CrossEntropyLearningLoss):
+            function = "sigmoid" if n_cols == 1 else "softmax"
+        else:
+            function = "none"
+        if function == "none":
+            raise ValueError(
+                f"{type(loss).__name__} applies no probability function; export without with_probability"
+            )
+        raw = _free(all_names(model), f"{pred.name}_raw")
+        for node in model.graph.node:
+            node.output[:] = [raw if o == pred.name else o for o in node.output]
+            node.input[:] = [raw if i == pred.name else i for i in node.input]
+        attrs: dict[str, Any] = {"axis": 1} if function == "softmax" else {}
+        op = "Sigmoid" if function == "sigmoid" else "Softmax"
+        model.graph.node.append(helper.make_node(op, [raw], [pred.name], name=f"{op}_probability", **attrs))
+        onnx.checker.check_model(model)
+        return model
 
     def _graphs_to_save(self) -> dict[str, ModelProto]:
         out = {"evaluation_loss": self._model()}
