@@ -117,6 +117,21 @@ class OrtGradientForwardBackward:
         self._pending: list[PendingForward] = []
 
     # ---- weights ------------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """Sessions and the agent do not pickle: the graphs are rebuilt from the model."""
+        return {
+            "model_onnx": self.model_onnx,
+            "weights_to_train": self.weights_to_train,
+            "device": str(self.device),
+            "input_names_requiring_grad": self.input_names_requiring_grad,
+            "weights": self.get_weights(),
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        weights = state.pop("weights")
+        self.__init__(**state)  # type: ignore[misc]
+        self.set_weights(weights)
+
     def get_weights(self) -> dict[str, np.ndarray]:
         return {w: a.read() for w, a in self._weights.items()}
 
