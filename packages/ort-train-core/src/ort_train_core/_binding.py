@@ -89,10 +89,19 @@ class CachedBinding:
         self.session.run_with_iobinding(self.binding, None)
 
 
-def make_session(model: ModelProto, device: Device, threads: int | None = None) -> Any:
-    """A C-level inference session (the training build registers the gradient ops)."""
+def make_session(
+    model: ModelProto, device: Device, threads: int | None = None, reuse_memory: bool = True
+) -> Any:
+    """A C-level inference session (the training build registers the gradient ops).
+
+    ``reuse_memory=False`` (no memory pattern, no buffer reuse, as ORTModule sets them) for a
+    TrainingAgent whose forward outputs are handed to a caller: otherwise the backward writes
+    its own tensors into the buffers of those outputs.
+    """
     so = C.SessionOptions()
     so.log_severity_level = 3
+    so.enable_mem_pattern = reuse_memory
+    so.enable_mem_reuse = reuse_memory
     if threads:
         so.intra_op_num_threads = threads
     sess = C.InferenceSession(so, model.SerializeToString(), False, False)

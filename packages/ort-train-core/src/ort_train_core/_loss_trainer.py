@@ -122,6 +122,12 @@ class LossGraphTrainer(BaseOrtTrainer):
         return prediction_graph(self._model(), self._loss_name)
 
     def _prepare_graphs(self, device: Device, lr: BaseLearningRate) -> None:
+        # A loss or penalty object changed in place (its own set_params) since the last fit: the
+        # graphs and sessions cached under keys that do not spell the model out are stale.
+        model_key = self._model_key()
+        if self._graph_cache.get("model_key", model_key) != model_key:
+            self._graph_cache.clear()
+        self._graph_cache["model_key"] = model_key
         weights, *_ = self._names()
         key = ("trainable", tuple(weights))
         if key not in self._graph_cache:

@@ -103,7 +103,8 @@ class OrtGradientForwardBackward:
         self.output_names = self.graphs.output_names
         values = initializer_values(model, weights)
         self._weights = {w: DeviceArray(v, self.device) for w, v in values.items()}
-        self._session = make_session(self.graphs.gradient_model, self.device)
+        # the outputs forward returns must survive the backward
+        self._session = make_session(self.graphs.gradient_model, self.device, reuse_memory=False)
         dev = self.device.ort_device
         self._agent = C.TrainingAgent(
             self._session,
