@@ -1,4 +1,5 @@
-"""Full-training loop benchmark: ``OrtGradientOptimizer`` against its peers and its own floor.
+"""Training loop benchmark: ``OrtGradientOptimizer`` (full loop) and
+``OrtGradientForwardBackwardOptimizer`` (partial loop) against their peers and the full loop's floor.
 
 Cases: 100k x 10 float32 synthetic regression, a linear model and an MLP with one hidden layer
 of 10 ReLU units, batch 100 and 1000, 10 epochs, constant learning rate, ``shuffle=False``,
@@ -11,6 +12,14 @@ Routes (per case):
   session) are built and timed apart before the first fit, through the trainer's ``_fused``; the
   fits reuse them from the trainer's cache, as every fit after the first one does. The first
   (warm-up) fit is reported apart as well.
+- ``ort-train partial loop``: ``OrtGradientForwardBackwardOptimizer.fit`` end to end, trained on
+  the *prediction* graph (the same graph without its loss) with ``learning_loss='square_error'``
+  and ``LearningRateSGD(eta0=lr, learning_rate='constant')``. A step runs forward through a
+  TrainingAgent, a loss-gradient graph, backward, then a penalty/update graph. Its graphs,
+  sessions and agent (``setup``: forward/backward graph + TrainingAgent, one loss-gradient graph
+  per batch size, the update graph) are built and timed apart before the first fit, as for the
+  full loop. It does the same work as the full loop (same loss, same SGD update), so its epoch
+  loss and final MSE must equal the full loop's: the report checks it.
 - ``floor (pre-bound fused graph)``: the trainer's own cached fused session, one IOBinding per
   (batch, weight parity) with the data, weights, new weights and a per-batch loss slot all bound
   before timing; the timed loop is only ``run_with_iobinding`` (no rebinding, no loss read).
@@ -29,8 +38,8 @@ Routes (per case):
 us/step = (best total time of a fit) / (epochs * batches per epoch), time.perf_counter, best of
 3 repeats (1 with ``--quick``) after one untimed warm-up run per route; the repeats go
 round-robin over the routes of a case, so that a busy moment of a shared machine hits all alike.
-Peers get their batches pre-sliced outside the timed region; the full loop's time includes
-everything ``fit`` does (validation, device copies, bindings).
+Peers get their batches pre-sliced outside the timed region; the full and partial loops' times
+include everything ``fit`` does (validation, device copies, bindings).
 
 Losses: ``epoch loss`` is the last epoch's mean of the per-batch losses as the steps computed
 them (before each update), on our scale (MSE); ``final MSE`` re-evaluates every route's final
@@ -63,6 +72,8 @@ N_FEATURES = 10
 HIDDEN = 10
 LEARNING_RATE = 0.01
 SEED = 0
+#: the partial loop's epoch loss and final MSE must match the full loop's within this (relative)
+SAME_WORK_RTOL = 1e-5
 
 TARGETS = [
     # (name, case or None for every case, numerator route, denominator route, op, bound)
@@ -70,10 +81,13 @@ TARGETS = [
     ("full loop <= 1.2x numpy (linear, batch 100)", "linear-b100", "ort", "numpy", "<=", 1.2),
     ("torch / full loop >= 5 (linear, batch 100)", "linear-b100", "torch", "ort", ">=", 5.0),
     ("MLPRegressor / full loop >= 2.5 (MLP, batch 100)", "mlp-b100", "mlpregressor", "ort", ">=", 2.5),
+    ("partial loop <= 2.0x full loop (linear, batch 100)", "linear-b100", "partial", "ort", "<=", 2.0),
+    ("partial loop <= 1.5x full loop (MLP, batch 1000)", "mlp-b1000", "partial", "ort", "<=", 1.5),
 ]
 
 ROUTE_LABELS = {
     "ort": "ort-train full loop",
+    "partial": "ort-train partial loop",
     "floor": "floor (pre-bound fused graph)",
     "numpy": "numpy (hand-written)",
     "torch": "torch CPU loop",
@@ -123,11 +137,9 @@ def full_mse(weights: dict[str, np.ndarray], X: np.ndarray, y: np.ndarray) -> fl
     return float(np.mean(np.sum(d * d, axis=1)))
 
 
-def onnx_loss_model(weights: dict[str, np.ndarray]) -> Any:
-    """MatMul/Add(/Relu) prediction graph with the weights as initializers, plus the loss."""
+def onnx_prediction_model(weights: dict[str, np.ndarray]) -> Any:
+    """MatMul/Add(/Relu) prediction graph with the weights as initializers (output ``variable``)."""
     from onnx import TensorProto, helper, numpy_helper
-
-    from ort_train_core import add_loss_output
 
     nodes = []
     inits = []
@@ -153,7 +165,14 @@ def onnx_loss_model(weights: dict[str, np.ndarray]) -> Any:
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    return add_loss_output(model, "squared_error", reduction="mean")
+    return model
+
+
+def onnx_loss_model(prediction_model: Any) -> Any:
+    """The prediction graph plus the loss output (the full loop's model)."""
+    from ort_train_core import add_loss_output
+
+    return add_loss_output(prediction_model, "squared_error", reduction="mean")
 
 
 def batch_bounds(n: int, batch: int) -> list[tuple[int, int]]:
@@ -208,6 +227,48 @@ def route_ort(case: dict[str, Any]) -> tuple[Route, Any]:
             "weights": trainer.get_state(),
             "note": "fit() end to end (validation, device copies, bindings, loop); graphs and "
             "sessions built before (setup) and cached, as for every fit after the first",
+        }
+
+    return Route(run, finish), trainer
+
+
+def route_partial(case: dict[str, Any]) -> tuple[Route, Any]:
+    from ort_train_core import LearningRateSGD, OrtGradientForwardBackwardOptimizer
+
+    trainer = OrtGradientForwardBackwardOptimizer(
+        case["prediction_model"],
+        max_iter=case["epochs"],
+        batch_size=case["batch"],
+        learning_rate=LearningRateSGD(eta0=LEARNING_RATE, learning_rate="constant"),
+        learning_loss="square_error",
+        shuffle=False,
+    )
+    # setup: forward/backward graph + session + TrainingAgent, one loss-gradient graph per batch
+    # size, the penalty/update graph
+    t0 = time.perf_counter()
+    device, lr = trainer._validate_params()
+    trainer._prepare_graphs(device, lr)
+    trainer._forward_backward(device)
+    for size in sorted({e - s for s, e in case["bounds"]}):
+        trainer._loss_gradient(size, device)
+    trainer._update(device, lr)
+    setup = time.perf_counter() - t0
+    X, y = case["X"], case["y"]
+
+    def run() -> float:
+        t = time.perf_counter()
+        trainer.fit(X, y)
+        return time.perf_counter() - t
+
+    def finish() -> dict[str, Any]:
+        return {
+            "setup_seconds": setup,
+            "epoch_loss": trainer.train_losses_[-1],
+            "weights": trainer.get_state(),
+            "note": "fit() end to end on the prediction graph, learning_loss='square_error', "
+            "LearningRateSGD(constant); per step: TrainingAgent forward, loss-gradient graph, "
+            "TrainingAgent backward, penalty/update graph; graphs, sessions and agent built "
+            "before (setup) and cached",
         }
 
     return Route(run, finish), trainer
@@ -613,12 +674,33 @@ def evaluate_targets(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def check_same_work(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The partial loop does the full loop's work: its losses must equal the full loop's."""
+    rows = []
+    for case in cases:
+        routes = case["routes"]
+        if "ort" not in routes or "partial" not in routes:
+            continue
+        full, part = routes["ort"], routes["partial"]
+        diffs = [abs(part[k] - full[k]) / max(abs(full[k]), 1e-30) for k in ("epoch_loss", "final_mse")]
+        rows.append(
+            {
+                "case": case["name"],
+                "epoch_loss": [full["epoch_loss"], part["epoch_loss"]],
+                "final_mse": [full["final_mse"], part["final_mse"]],
+                "max_rel_diff": max(diffs),
+                "pass": bool(max(diffs) <= SAME_WORK_RTOL),
+            }
+        )
+    return rows
+
+
 def markdown(report: dict[str, Any]) -> str:
     m = report["machine"]
     v = m["versions"]
     cfg = report["config"]
     lines = [
-        f"# Full-training loop benchmark ({report['date']}{', quick' if cfg['quick'] else ''})",
+        f"# Training loop benchmark ({report['date']}{', quick' if cfg['quick'] else ''})",
         "",
         f"Machine: {m['cpu']}, {m['usable_cpus']} usable CPUs; Python {v['python']}, "
         f"numpy {v.get('numpy')}, onnxruntime {v.get('onnxruntime')}, torch {v.get('torch')}, "
@@ -651,18 +733,22 @@ def markdown(report: dict[str, Any]) -> str:
             )
     lines += [
         "",
-        "Setup of the full loop (graph build + session, timed apart), first fit (warm-up) and "
-        "best fit, in ms:",
+        "Setup of the full and partial loops (graph build + sessions, timed apart), first fit "
+        "(warm-up) and best fit, in ms:",
         "",
-        "| case | steps | setup | first fit | best fit |",
-        "|---|---:|---:|---:|---:|",
+        "| case | loop | steps | setup | first fit | best fit |",
+        "|---|---|---:|---:|---:|---:|",
     ]
     for case in report["cases"]:
-        r = case["routes"]["ort"]
-        lines.append(
-            f"| {case['name']} | {case['steps']} | {1e3 * r['setup_seconds']:.1f} | "
-            f"{1e3 * r['first_run_seconds']:.1f} | {1e3 * r['seconds']:.1f} |"
-        )
+        for key in ("ort", "partial"):
+            if key not in case["routes"]:
+                continue
+            r = case["routes"][key]
+            lines.append(
+                f"| {case['name']} | {ROUTE_LABELS[key]} | {case['steps']} | "
+                f"{1e3 * r['setup_seconds']:.1f} | {1e3 * r['first_run_seconds']:.1f} | "
+                f"{1e3 * r['seconds']:.1f} |"
+            )
     lines += [
         "",
         "Targets (ratios of us/step from this run):",
@@ -675,6 +761,21 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {t['target']} | {t['case']} | {t['ratio']:.2f} | {t['op']} {t['bound']} | "
             f"{'PASS' if t['pass'] else 'MISS'} |"
         )
+    if report.get("same_work"):
+        lines += [
+            "",
+            f"Same work: the partial loop's epoch loss and final MSE against the full loop's "
+            f"(relative difference, must be <= {SAME_WORK_RTOL:g}):",
+            "",
+            "| case | epoch loss full / partial | final MSE full / partial | max rel. diff | result |",
+            "|---|---:|---:|---:|---|",
+        ]
+        for c in report["same_work"]:
+            lines.append(
+                f"| {c['case']} | {fmt(c['epoch_loss'][0], 8)} / {fmt(c['epoch_loss'][1], 8)} | "
+                f"{fmt(c['final_mse'][0], 8)} / {fmt(c['final_mse'][1], 8)} | "
+                f"{c['max_rel_diff']:.1e} | {'PASS' if c['pass'] else 'MISS'} |"
+            )
     lines += ["", "Route notes:", ""]
     seen = set()
     for case in report["cases"]:
@@ -711,7 +812,8 @@ def main(argv: list[str] | None = None) -> int:
     cases = []
     for kind in ("linear", "mlp"):
         weights = initial_weights(kind)
-        model = onnx_loss_model(weights)
+        prediction_model = onnx_prediction_model(weights)
+        model = onnx_loss_model(prediction_model)
         for batch in (100, 1000):
             bounds = batch_bounds(n_rows, batch)
             case = {
@@ -724,12 +826,14 @@ def main(argv: list[str] | None = None) -> int:
                 "bounds": bounds,
                 "weights": weights,
                 "model": model,
+                "prediction_model": prediction_model,
             }
             steps = epochs * len(bounds)
             load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
             print(f"[{case['name']}] {steps} steps", flush=True)
             routes: dict[str, Route] = {}
             routes["ort"], trainer = route_ort(case)
+            routes["partial"], partial_trainer = route_partial(case)
             routes["floor"] = route_floor(case, trainer)
             routes["numpy"] = route_numpy(case)
             routes["torch"] = route_torch(case, threads)
@@ -757,7 +861,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"epoch loss {fmt(r['epoch_loss'])}  final MSE {fmt(r['final_mse'])}",
                     flush=True,
                 )
-            del trainer, routes
+            del trainer, partial_trainer, routes
             cases.append(
                 {
                     "name": case["name"],
@@ -791,6 +895,7 @@ def main(argv: list[str] | None = None) -> int:
         "cases": cases,
     }
     report["targets"] = evaluate_targets(cases)
+    report["same_work"] = check_same_work(cases)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     host = re.sub(r"[^A-Za-z0-9_.-]", "", socket.gethostname()) or "machine"

@@ -55,6 +55,10 @@ class DeviceArray:
             self.ortvalue.update_inplace(np.ascontiguousarray(value, dtype=self.dtype))
 
     @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.ortvalue.shape())
+
+    @property
     def dtype(self) -> np.dtype:
         return self.host.dtype if self.host is not None else np.dtype(self.ortvalue.numpy().dtype)
 

@@ -310,62 +310,83 @@ class _PartialRunner(DoubleBufferedRunner):
                 b.bind_ortvalue_output(self.update_sig.penalty, self.penalty_value)
             self.update_bindings.append((update_sess.run_with_iobinding, b))
         n = len(store.bounds)
+        self.sizes = [e - s for s, e in store.bounds]
         self.forward_inputs: list[list[Any]] = [[None] * n, [None] * n]
         self.loss_entries: list[Any] = [None] * n
-        self._grad_buffers: dict[int, list[DeviceArray]] = {}
+        # Forward outputs, their gradients and the weight gradients land in fixed buffers that
+        # onnxruntime writes in place: each is bound once, not at every step.
+        self.outputs: dict[int, list[DeviceArray]] = {}
+        self.output_vectors: dict[int, Any] = {}
+        self.output_grads: dict[int, Any] = {}
+        self.output_grad_buffers: dict[int, list[DeviceArray]] = {}
+        for size in sorted(set(self.sizes)):
+            self._allocate_outputs(size)
+        self.weight_grads = [
+            DeviceArray.zeros(self.buffers[w][0].shape, self.dtype, device) for w in self.weight_names
+        ]
+        self.weight_grad_vector = _vector(g.ortvalue for g in self.weight_grads)
+        for _, binding in self.update_bindings:
+            for name, g in zip(self.update_sig.grads, self.weight_grads):
+                binding.bind_ortvalue_input(name, g.ortvalue)
+
+    def _allocate_outputs(self, size: int) -> None:
+        """Output shapes come from one forward of the first batch of that size (its state is
+        dropped without a backward)."""
+        batch = self.sizes.index(size)
+        probe = C.OrtValueVector()
+        self.agent.run_forward(self._forward_inputs(batch), probe, C.PartialGraphExecutionState(), None)
+        shapes = [tuple(probe[k].shape()) for k in range(len(probe))]
+        dtypes = [np.asarray(probe[k].numpy()).dtype for k in range(len(probe))]
+        self.outputs[size] = [DeviceArray.zeros(sh, dt, self.device) for sh, dt in zip(shapes, dtypes)]
+        self.output_vectors[size] = _vector(a.ortvalue for a in self.outputs[size])
+        self.output_grad_buffers[size] = [
+            DeviceArray.zeros(shape, self.dtype, self.device) for shape in shapes
+        ]
+        self.output_grads[size] = _vector(a.ortvalue for a in self.output_grad_buffers[size])
 
     def _forward_inputs(self, batch: int) -> Any:
-        vec = C.OrtValueVector()
         data = self.store.batches[batch]
-        for ov in data[: self.n_inputs]:
-            vec.push_back(ov)
-        for w in self.weight_names:
-            vec.push_back(self.buffers[w][self.parity].ortvalue)
+        vec = _vector(
+            [*data[: self.n_inputs], *(self.buffers[w][self.parity].ortvalue for w in self.weight_names)]
+        )
         self.forward_inputs[self.parity][batch] = vec
         return vec
 
-    def _loss_entry(self, batch: int, outputs: Any) -> tuple[Any, Any, Any]:
-        """Binding of the loss graph for this batch (label and weight bound once) and the
-        output-gradient vector of its batch size (the loss gradient lands in a fixed buffer)."""
-        s, e = self.store.bounds[batch]
-        size = e - s
+    def _loss_entry(self, batch: int) -> tuple[Any, Any]:
+        """The loss graph's binding for this batch: prediction, label and weight in, the loss and
+        the prediction's gradient (the backward's output gradient) out, all bound once."""
+        size = self.sizes[batch]
         sess = self.loss_sessions[size]
-        if size not in self._grad_buffers:
-            dtype = self.dtype
-            self._grad_buffers[size] = [
-                DeviceArray.zeros(tuple(outputs[k].shape()), dtype, self.device)
-                for k in range(self.n_outputs)
-            ]
-        grads = self._grad_buffers[size]
         b = C.SessionIOBinding(sess)
         data = self.store.batches[batch]
+        b.bind_ortvalue_input("prediction", self.outputs[size][self.output_index].ortvalue)
         b.bind_ortvalue_input("label", data[self.n_inputs])
         b.bind_ortvalue_input("weight", data[self.n_inputs + 1])
         b.bind_ortvalue_output("loss", self.loss_value)
-        b.bind_ortvalue_output("prediction_grad", grads[self.output_index].ortvalue)
-        vec = C.OrtValueVector()
-        for g in grads:
-            vec.push_back(g.ortvalue)
-        entry = (sess.run_with_iobinding, b, vec)
+        b.bind_ortvalue_output("prediction_grad", self.output_grad_buffers[size][self.output_index].ortvalue)
+        entry = (sess.run_with_iobinding, b)
         self.loss_entries[batch] = entry
         return entry
 
     def step(self, batch: int) -> float:
-        vin = self.forward_inputs[self.parity][batch] or self._forward_inputs(batch)
-        out = C.OrtValueVector()
+        size = self.sizes[batch]
         state = C.PartialGraphExecutionState()
-        self.agent.run_forward(vin, out, state, None)
-        run_loss, loss_binding, grad_outputs = self.loss_entries[batch] or self._loss_entry(batch, out)
-        loss_binding.bind_ortvalue_input("prediction", out[self.output_index])
+        vin = self.forward_inputs[self.parity][batch] or self._forward_inputs(batch)
+        self.agent.run_forward(vin, self.output_vectors[size], state, None)
+        run_loss, loss_binding = self.loss_entries[batch] or self._loss_entry(batch)
         run_loss(loss_binding, None)
-        grads = C.OrtValueVector()
-        self.agent.run_backward(grad_outputs, grads, state)
+        self.agent.run_backward(self.output_grads[size], self.weight_grad_vector, state)
         run_update, update_binding = self.update_bindings[self.parity]
-        for k, name in enumerate(self.update_sig.grads):
-            update_binding.bind_ortvalue_input(name, grads[k])
         if self.per_step_scalars:
             self._write_scalars()
         run_update(update_binding, None)
         self.parity ^= 1
         self.n_steps += 1
         return float(self.loss_host) + float(self.penalty_host)
+
+
+def _vector(values: Any) -> Any:
+    vec = C.OrtValueVector()
+    for ov in values:
+        vec.push_back(ov)
+    return vec
