@@ -1,0 +1,94 @@
+"""ONNX graphs the estimators train and ship: dense layers from numpy weights, and the
+deployable classifier head (probabilities and label) on top of trained logits."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+from onnx import ModelProto, TensorProto, helper, numpy_helper
+
+from ort_train_core.graph import MAX_IR_VERSION
+
+OPSET = 17
+ACTIVATIONS = {"relu": "Relu", "tanh": "Tanh", "logistic": "Sigmoid", "identity": None}
+
+
+def layer_names(n_layers: int) -> list[tuple[str, str]]:
+    """(coefficient, intercept) initializer names of each dense layer, in order."""
+    return [(f"coefficient{i}", f"intercept{i}") for i in range(n_layers)]
+
+
+def dense_graph(
+    coefs: Sequence[np.ndarray], intercepts: Sequence[np.ndarray], activation: str = "identity"
+) -> ModelProto:
+    """X -> (X W0 + b0) -> act -> ... -> X Wn + bn: the raw output (scores or logits)."""
+    nodes = []
+    inits = []
+    current = "X"
+    n_layers = len(coefs)
+    for i, ((wname, bname), W, b) in enumerate(zip(layer_names(n_layers), coefs, intercepts)):
+        inits += [
+            numpy_helper.from_array(np.asarray(W, dtype=np.float32), wname),
+            numpy_helper.from_array(np.asarray(b, dtype=np.float32).reshape(-1), bname),
+        ]
+        nodes.append(helper.make_node("MatMul", [current, wname], [f"mm{i}"]))
+        last = i == n_layers - 1
+        out = "raw" if last else f"z{i}"
+        nodes.append(helper.make_node("Add", [f"mm{i}", bname], [out]))
+        op = ACTIVATIONS[activation]
+        if not last and op is not None:
+            nodes.append(helper.make_node(op, [out], [f"a{i}"]))
+            out = f"a{i}"
+        current = out
+    n_in = int(np.asarray(coefs[0]).shape[0])
+    n_out = int(np.asarray(coefs[-1]).shape[1])
+    graph = helper.make_graph(
+        nodes,
+        "dense",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, n_in])],
+        [helper.make_tensor_value_info("raw", TensorProto.FLOAT, [None, n_out])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = MAX_IR_VERSION
+    return model
+
+
+def classifier_head(model: ModelProto, output: str, classes: np.ndarray) -> ModelProto:
+    """Appends probabilities (sigmoid of one logit column, softmax of several) and the label
+    (classes[argmax]) to a logits graph; outputs 'label' then 'probabilities', as skl2onnx does."""
+    out = ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    n_cols = 1 if len(classes) == 2 else len(classes)
+    nodes = []
+    if n_cols == 1:
+        nodes += [
+            helper.make_node("Sigmoid", [output], ["head_p1"]),
+            helper.make_node("Sub", ["head_one", "head_p1"], ["head_p0"]),
+            helper.make_node("Concat", ["head_p0", "head_p1"], ["probabilities"], axis=1),
+        ]
+        g.initializer.append(numpy_helper.from_array(np.array(1.0, dtype=np.float32), "head_one"))
+    else:
+        nodes.append(helper.make_node("Softmax", [output], ["probabilities"], axis=1))
+    nodes.append(helper.make_node("ArgMax", ["probabilities"], ["head_index"], axis=1, keepdims=0))
+    if classes.dtype.kind in "iub":
+        cls = numpy_helper.from_array(classes.astype(np.int64), "head_classes")
+        label_type = TensorProto.INT64
+    else:
+        cls = numpy_helper.from_array(np.array([str(c) for c in classes], dtype=object), "head_classes")
+        label_type = TensorProto.STRING
+    g.initializer.append(cls)
+    nodes.append(helper.make_node("Gather", ["head_classes", "head_index"], ["label"], axis=0))
+    g.node.extend(nodes)
+    del g.output[:]
+    g.output.extend(
+        [
+            helper.make_tensor_value_info("label", label_type, [None]),
+            helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [None, len(classes)]),
+        ]
+    )
+    onnx.checker.check_model(out)
+    return out

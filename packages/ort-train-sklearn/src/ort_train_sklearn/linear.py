@@ -1,0 +1,223 @@
+"""SGD linear models: scikit-learn's SGDRegressor / SGDClassifier parameters, trained by
+onnxruntime. ``batch_size=1`` (the default) is per-sample SGD as scikit-learn does it."""
+
+from __future__ import annotations
+
+from numbers import Integral, Real
+from typing import Any
+
+import numpy as np
+from onnx import ModelProto
+from sklearn.base import ClassifierMixin, RegressorMixin, _fit_context
+from sklearn.utils._param_validation import Interval, StrOptions
+
+from ort_train_core import BaseLearningRate, LearningRateSGD
+
+from ._base import _COMMON_CONSTRAINTS, OrtClassifierMixin, OrtEstimatorMixin, OrtRegressorMixin
+from ._graphs import dense_graph, layer_names
+
+
+class _OrtSGDBase(OrtEstimatorMixin):
+    _parameter_constraints: dict[str, list[Any]] = {
+        **_COMMON_CONSTRAINTS,
+        "penalty": [StrOptions({"l2", "l1", "elasticnet"}), None],
+        "alpha": [Interval(Real, 0, None, closed="left")],
+        "l1_ratio": [Interval(Real, 0, 1, closed="both")],
+        "fit_intercept": ["boolean"],
+        "learning_rate": [StrOptions({"constant", "optimal", "invscaling"})],
+        "eta0": [Interval(Real, 0, None, closed="neither")],
+        "power_t": [Interval(Real, None, None, closed="neither")],
+        "batch_size": [Interval(Integral, 1, None, closed="left")],
+    }
+
+    def _initial_graph(self, n_features: int, n_outputs: int, rng: np.random.RandomState) -> ModelProto:
+        # scikit-learn starts SGD from zeros
+        return dense_graph([np.zeros((n_features, n_outputs))], [np.zeros(n_outputs)])
+
+    def _trained_weights(self, model: ModelProto) -> list[str]:
+        coef, intercept = layer_names(1)[0]
+        return [coef, intercept] if self.fit_intercept else [coef]
+
+    def _penalized_weights(self, model: ModelProto) -> list[str]:
+        return [layer_names(1)[0][0]]
+
+    def _learning_rate(self, scale: float) -> BaseLearningRate:
+        # our gradient is `scale` times scikit-learn's: the same step needs eta0 / scale
+        return LearningRateSGD(
+            eta0=self.eta0 / scale,
+            alpha=self.alpha * scale,
+            power_t=self.power_t,
+            learning_rate=self.learning_rate,
+        )
+
+    def _penalty(self, scale: float, batch_size: int) -> tuple[float, float]:
+        """scikit-learn adds alpha * R(w), R = ||w||^2 / 2 (l2), ||w||_1 (l1) or their mix."""
+        if self.penalty is None or self.alpha == 0:
+            return 0.0, 0.0
+        ratio = {"l2": 0.0, "l1": 1.0, "elasticnet": self.l1_ratio}[self.penalty]
+        return scale * self.alpha * ratio, scale * self.alpha * (1 - ratio) / 2
+
+    def _batch_size(self, n_samples: int) -> int:
+        return min(int(self.batch_size), n_samples)
+
+    def _store_weights(self, weights: dict[str, np.ndarray]) -> None:
+        coef_name, intercept_name = layer_names(1)[0]
+        coef = weights[coef_name].T
+        intercept = weights.get(intercept_name, self._raw_intercept())
+        self._store_linear(coef, intercept)
+
+    def _raw_intercept(self) -> np.ndarray:
+        from ort_train_core.graph import initializer_values
+
+        _, intercept_name = layer_names(1)[0]
+        return initializer_values(self._raw_model, [intercept_name])[intercept_name]
+
+    def _store_linear(self, coef: np.ndarray, intercept: np.ndarray) -> None:
+        raise NotImplementedError
+
+
+class OrtSGDRegressor(OrtRegressorMixin, RegressorMixin, _OrtSGDBase):
+    """Linear regression by minibatch SGD in onnxruntime (squared or absolute error)."""
+
+    _parameter_constraints = {
+        **_OrtSGDBase._parameter_constraints,
+        "loss": [StrOptions({"squared_error", "absolute_error"})],
+    }
+
+    def __init__(
+        self,
+        loss: str = "squared_error",
+        *,
+        penalty: str | None = "l2",
+        alpha: float = 0.0001,
+        l1_ratio: float = 0.15,
+        fit_intercept: bool = True,
+        max_iter: int = 1000,
+        tol: float | None = 1e-3,
+        shuffle: bool = True,
+        verbose: int = 0,
+        random_state: Any = None,
+        learning_rate: str = "invscaling",
+        eta0: float = 0.01,
+        power_t: float = 0.25,
+        early_stopping: bool = False,
+        validation_fraction: float = 0.1,
+        n_iter_no_change: int = 5,
+        warm_start: bool = False,
+        batch_size: int = 1,
+        device: str = "cpu",
+        training: str = "full",
+    ) -> None:
+        self.loss = loss
+        self.penalty = penalty
+        self.alpha = alpha
+        self.l1_ratio = l1_ratio
+        self.fit_intercept = fit_intercept
+        self.max_iter = max_iter
+        self.tol = tol
+        self.shuffle = shuffle
+        self.verbose = verbose
+        self.random_state = random_state
+        self.learning_rate = learning_rate
+        self.eta0 = eta0
+        self.power_t = power_t
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.n_iter_no_change = n_iter_no_change
+        self.warm_start = warm_start
+        self.batch_size = batch_size
+        self.device = device
+        self.training = training
+
+    def _loss(self, n_outputs: int) -> tuple[str, str, float]:
+        # scikit-learn's squared_error is (y - p)^2 / 2, ours (y - p)^2
+        if self.loss == "squared_error":
+            return "squared_error", "square_error", 2.0
+        return "absolute_error", "absolute_error", 1.0
+
+    def _store_linear(self, coef: np.ndarray, intercept: np.ndarray) -> None:
+        self.coef_ = coef.ravel().astype(np.float64)
+        self.intercept_ = np.asarray(intercept, dtype=np.float64).reshape(-1)
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self, X: Any, y: Any, sample_weight: Any = None) -> OrtSGDRegressor:
+        self._fit(X, y, sample_weight)
+        return self
+
+    def partial_fit(self, X: Any, y: Any, sample_weight: Any = None) -> OrtSGDRegressor:
+        """One epoch over (X, y), continuing the current weights."""
+        self._validate_params()
+        self._fit(X, y, sample_weight, incremental=True)
+        return self
+
+
+class OrtSGDClassifier(OrtClassifierMixin, ClassifierMixin, _OrtSGDBase):
+    """Linear classification by minibatch SGD on the log loss in onnxruntime: one logit and a
+    sigmoid for two classes, one logit per class and a softmax for more (not one-vs-rest)."""
+
+    _parameter_constraints = {**_OrtSGDBase._parameter_constraints, "loss": [StrOptions({"log_loss"})]}
+
+    def __init__(
+        self,
+        loss: str = "log_loss",
+        *,
+        penalty: str | None = "l2",
+        alpha: float = 0.0001,
+        l1_ratio: float = 0.15,
+        fit_intercept: bool = True,
+        max_iter: int = 1000,
+        tol: float | None = 1e-3,
+        shuffle: bool = True,
+        verbose: int = 0,
+        random_state: Any = None,
+        learning_rate: str = "optimal",
+        eta0: float = 0.01,
+        power_t: float = 0.5,
+        early_stopping: bool = False,
+        validation_fraction: float = 0.1,
+        n_iter_no_change: int = 5,
+        warm_start: bool = False,
+        batch_size: int = 1,
+        device: str = "cpu",
+        training: str = "full",
+    ) -> None:
+        self.loss = loss
+        self.penalty = penalty
+        self.alpha = alpha
+        self.l1_ratio = l1_ratio
+        self.fit_intercept = fit_intercept
+        self.max_iter = max_iter
+        self.tol = tol
+        self.shuffle = shuffle
+        self.verbose = verbose
+        self.random_state = random_state
+        self.learning_rate = learning_rate
+        self.eta0 = eta0
+        self.power_t = power_t
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.n_iter_no_change = n_iter_no_change
+        self.warm_start = warm_start
+        self.batch_size = batch_size
+        self.device = device
+        self.training = training
+
+    def _loss(self, n_outputs: int) -> tuple[str, str, float]:
+        return "cross_entropy", "cross_entropy", 1.0
+
+    def _store_linear(self, coef: np.ndarray, intercept: np.ndarray) -> None:
+        self.coef_ = np.atleast_2d(coef).astype(np.float64)
+        self.intercept_ = np.asarray(intercept, dtype=np.float64).reshape(-1)
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self, X: Any, y: Any, sample_weight: Any = None) -> OrtSGDClassifier:
+        self._fit(X, y, sample_weight)
+        return self
+
+    def partial_fit(self, X: Any, y: Any, classes: Any = None, sample_weight: Any = None) -> OrtSGDClassifier:
+        """One epoch over (X, y); ``classes`` is required on the first call."""
+        if not hasattr(self, "_trainer") and classes is None:
+            raise ValueError("classes must be passed on the first call to partial_fit")
+        self._validate_params()
+        self._fit(X, y, sample_weight, incremental=True, classes=classes)
+        return self

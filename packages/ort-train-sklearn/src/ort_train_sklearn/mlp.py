@@ -1,0 +1,250 @@
+"""Multi-layer perceptrons: scikit-learn's MLPRegressor / MLPClassifier parameters, trained by
+onnxruntime."""
+
+from __future__ import annotations
+
+import itertools
+from numbers import Integral, Real
+from typing import Any
+
+import numpy as np
+from onnx import ModelProto
+from sklearn.base import ClassifierMixin, RegressorMixin, _fit_context
+from sklearn.utils._param_validation import Interval, StrOptions
+
+from ort_train_core import BaseLearningRate, LearningRateAdam, LearningRateSGD, LearningRateSGDNesterov
+
+from ._base import _COMMON_CONSTRAINTS, OrtClassifierMixin, OrtEstimatorMixin, OrtRegressorMixin
+from ._graphs import dense_graph, layer_names
+
+
+class _OrtMLPBase(OrtEstimatorMixin):
+    _parameter_constraints: dict[str, list[Any]] = {
+        **_COMMON_CONSTRAINTS,
+        "hidden_layer_sizes": ["array-like", Interval(Integral, 1, None, closed="left")],
+        "activation": [StrOptions({"identity", "logistic", "tanh", "relu"})],
+        "solver": [StrOptions({"sgd", "adam"})],
+        "alpha": [Interval(Real, 0, None, closed="left")],
+        "batch_size": [StrOptions({"auto"}), Interval(Integral, 1, None, closed="left")],
+        "learning_rate": [StrOptions({"constant", "invscaling"})],
+        "learning_rate_init": [Interval(Real, 0, None, closed="neither")],
+        "power_t": [Interval(Real, 0, None, closed="left")],
+        "momentum": [Interval(Real, 0, 1, closed="both")],
+        "nesterovs_momentum": ["boolean"],
+        "beta_1": [Interval(Real, 0, 1, closed="left")],
+        "beta_2": [Interval(Real, 0, 1, closed="left")],
+        "epsilon": [Interval(Real, 0, None, closed="neither")],
+    }
+
+    def _layer_sizes(self, n_features: int, n_outputs: int) -> list[int]:
+        hidden = self.hidden_layer_sizes
+        hidden = [hidden] if np.isscalar(hidden) else list(hidden)
+        if any(int(h) < 1 for h in hidden):
+            raise ValueError(f"hidden_layer_sizes must be > 0, got {self.hidden_layer_sizes}")
+        return [n_features, *(int(h) for h in hidden), n_outputs]
+
+    def _initial_graph(self, n_features: int, n_outputs: int, rng: np.random.RandomState) -> ModelProto:
+        """Glorot uniform, as scikit-learn initialises its MLPs."""
+        sizes = self._layer_sizes(n_features, n_outputs)
+        factor = 2.0 if self.activation == "logistic" else 6.0
+        coefs, intercepts = [], []
+        for fan_in, fan_out in itertools.pairwise(sizes):
+            bound = np.sqrt(factor / (fan_in + fan_out))
+            coefs.append(rng.uniform(-bound, bound, (fan_in, fan_out)))
+            intercepts.append(rng.uniform(-bound, bound, fan_out))
+        return dense_graph(coefs, intercepts, self.activation)
+
+    def _n_layers(self) -> int:
+        return len(self._layer_sizes(1, 1)) - 1
+
+    def _trained_weights(self, model: ModelProto) -> list[str]:
+        return [name for pair in layer_names(self._n_layers()) for name in pair]
+
+    def _penalized_weights(self, model: ModelProto) -> list[str]:
+        return [coef for coef, _ in layer_names(self._n_layers())]
+
+    def _penalty(self, scale: float, batch_size: int) -> tuple[float, float]:
+        # scikit-learn adds alpha / 2 * ||W||^2 / batch_size to each batch's loss
+        return 0.0, scale * self.alpha / (2.0 * batch_size)
+
+    def _batch_size(self, n_samples: int) -> int:
+        if self.batch_size == "auto":
+            return min(200, n_samples)
+        return min(int(self.batch_size), n_samples)
+
+    def _learning_rate(self, scale: float) -> BaseLearningRate:
+        if self.solver == "adam":
+            # Adam's step does not grow with the gradient's scale; only epsilon does
+            return LearningRateAdam(
+                eta0=self.learning_rate_init,
+                beta1=self.beta_1,
+                beta2=self.beta_2,
+                epsilon=self.epsilon * scale,
+            )
+        eta0 = self.learning_rate_init / scale
+        if self.momentum > 0:
+            return LearningRateSGDNesterov(
+                eta0=eta0,
+                power_t=self.power_t,
+                learning_rate=self.learning_rate,
+                momentum=self.momentum,
+                nesterov=self.nesterovs_momentum,
+            )
+        return LearningRateSGD(eta0=eta0, power_t=self.power_t, learning_rate=self.learning_rate)
+
+    def _store_weights(self, weights: dict[str, np.ndarray]) -> None:
+        names = layer_names(self._n_layers())
+        self.coefs_ = [weights[c].astype(np.float64) for c, _ in names]
+        self.intercepts_ = [weights[b].astype(np.float64).reshape(-1) for _, b in names]
+        self.n_layers_ = len(self.coefs_) + 1
+        self.n_outputs_ = self.coefs_[-1].shape[1]
+
+
+class OrtMLPRegressor(OrtRegressorMixin, RegressorMixin, _OrtMLPBase):
+    """An MLP regressor (identity output, squared error) trained by onnxruntime."""
+
+    _parameter_constraints = {**_OrtMLPBase._parameter_constraints, "loss": [StrOptions({"squared_error"})]}
+
+    def __init__(
+        self,
+        loss: str = "squared_error",
+        hidden_layer_sizes: Any = (100,),
+        activation: str = "relu",
+        *,
+        solver: str = "adam",
+        alpha: float = 0.0001,
+        batch_size: Any = "auto",
+        learning_rate: str = "constant",
+        learning_rate_init: float = 0.001,
+        power_t: float = 0.5,
+        max_iter: int = 200,
+        shuffle: bool = True,
+        random_state: Any = None,
+        tol: float | None = 1e-4,
+        verbose: int = 0,
+        warm_start: bool = False,
+        momentum: float = 0.9,
+        nesterovs_momentum: bool = True,
+        early_stopping: bool = False,
+        validation_fraction: float = 0.1,
+        beta_1: float = 0.9,
+        beta_2: float = 0.999,
+        epsilon: float = 1e-8,
+        n_iter_no_change: int = 10,
+        device: str = "cpu",
+        training: str = "full",
+    ) -> None:
+        self.loss = loss
+        self.hidden_layer_sizes = hidden_layer_sizes
+        self.activation = activation
+        self.solver = solver
+        self.alpha = alpha
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.learning_rate_init = learning_rate_init
+        self.power_t = power_t
+        self.max_iter = max_iter
+        self.shuffle = shuffle
+        self.random_state = random_state
+        self.tol = tol
+        self.verbose = verbose
+        self.warm_start = warm_start
+        self.momentum = momentum
+        self.nesterovs_momentum = nesterovs_momentum
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.beta_1 = beta_1
+        self.beta_2 = beta_2
+        self.epsilon = epsilon
+        self.n_iter_no_change = n_iter_no_change
+        self.device = device
+        self.training = training
+
+    def _loss(self, n_outputs: int) -> tuple[str, str, float]:
+        # scikit-learn's loss is mean((y - p)^2) / 2 over all outputs; ours sums the outputs
+        return "squared_error", "square_error", 2.0 * n_outputs
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self, X: Any, y: Any, sample_weight: Any = None) -> OrtMLPRegressor:
+        self._fit(X, y, sample_weight)
+        return self
+
+    def partial_fit(self, X: Any, y: Any, sample_weight: Any = None) -> OrtMLPRegressor:
+        """One epoch over (X, y), continuing the current weights."""
+        self._validate_params()
+        self._fit(X, y, sample_weight, incremental=True)
+        return self
+
+
+class OrtMLPClassifier(OrtClassifierMixin, ClassifierMixin, _OrtMLPBase):
+    """An MLP classifier (one logit + sigmoid for two classes, softmax for more) trained by
+    onnxruntime on the cross-entropy of its logits."""
+
+    def __init__(
+        self,
+        hidden_layer_sizes: Any = (100,),
+        activation: str = "relu",
+        *,
+        solver: str = "adam",
+        alpha: float = 0.0001,
+        batch_size: Any = "auto",
+        learning_rate: str = "constant",
+        learning_rate_init: float = 0.001,
+        power_t: float = 0.5,
+        max_iter: int = 200,
+        shuffle: bool = True,
+        random_state: Any = None,
+        tol: float | None = 1e-4,
+        verbose: int = 0,
+        warm_start: bool = False,
+        momentum: float = 0.9,
+        nesterovs_momentum: bool = True,
+        early_stopping: bool = False,
+        validation_fraction: float = 0.1,
+        beta_1: float = 0.9,
+        beta_2: float = 0.999,
+        epsilon: float = 1e-8,
+        n_iter_no_change: int = 10,
+        device: str = "cpu",
+        training: str = "full",
+    ) -> None:
+        self.hidden_layer_sizes = hidden_layer_sizes
+        self.activation = activation
+        self.solver = solver
+        self.alpha = alpha
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.learning_rate_init = learning_rate_init
+        self.power_t = power_t
+        self.max_iter = max_iter
+        self.shuffle = shuffle
+        self.random_state = random_state
+        self.tol = tol
+        self.verbose = verbose
+        self.warm_start = warm_start
+        self.momentum = momentum
+        self.nesterovs_momentum = nesterovs_momentum
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.beta_1 = beta_1
+        self.beta_2 = beta_2
+        self.epsilon = epsilon
+        self.n_iter_no_change = n_iter_no_change
+        self.device = device
+        self.training = training
+
+    def _loss(self, n_outputs: int) -> tuple[str, str, float]:
+        return "cross_entropy", "cross_entropy", 1.0
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self, X: Any, y: Any, sample_weight: Any = None) -> OrtMLPClassifier:
+        self._fit(X, y, sample_weight)
+        return self
+
+    def partial_fit(self, X: Any, y: Any, classes: Any = None, sample_weight: Any = None) -> OrtMLPClassifier:
+        """One epoch over (X, y); ``classes`` is required on the first call."""
+        if not hasattr(self, "_trainer") and classes is None:
+            raise ValueError("classes must be passed on the first call to partial_fit")
+        self._validate_params()
+        self._fit(X, y, sample_weight, incremental=True, classes=classes)
+        return self
