@@ -308,7 +308,12 @@ def test_penalty_on_two_weights(make_linear):
         pytest.param({"penalty": {"nope": 0.1}}, ValueError, r"penalty names 'nope'", id="penalty-unknown"),
         pytest.param({"penalty": {"coef": {"l3": 1.0}}}, ValueError, r"'l1' and 'l2'", id="penalty-key"),
         pytest.param({"penalty": {"coef": -1.0}}, ValueError, r"must be >= 0", id="penalty-negative"),
-        pytest.param({"reduction": "max"}, ValueError, r"reduction must be 'mean' or 'sum'", id="reduction"),
+        pytest.param(
+            {"reduction": "max"},
+            ValueError,
+            r"reduction must be one of \('mean', 'sum', 'row_mean'\)",
+            id="reduction",
+        ),
         pytest.param(
             {"output_index": 1}, ValueError, r"output_index=1 but the graph has 1 output", id="index"
         ),

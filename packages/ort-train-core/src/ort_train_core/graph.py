@@ -46,6 +46,14 @@ def _opset(model: ModelProto, domain: str = "") -> int:
 def normalise_model(model: ModelProto) -> ModelProto:
     """A copy with IR version <= 10 and a default opset in [13, 21], as onnxruntime 1.19 needs."""
     model = _copy(model)
+    # one import per domain, the highest (skl2onnx without target_opset writes one twice)
+    versions: dict[str, int] = {}
+    for op in model.opset_import:
+        domain = "" if op.domain == "ai.onnx" else op.domain
+        versions[domain] = max(versions.get(domain, 0), int(op.version))
+    if len(versions) != len(model.opset_import):
+        del model.opset_import[:]
+        model.opset_import.extend(helper.make_opsetid(d, v) for d, v in versions.items())
     opset = _opset(model)
     if opset and not MIN_OPSET <= opset <= MAX_OPSET:
         target = min(max(opset, MIN_OPSET), MAX_OPSET)

@@ -201,14 +201,22 @@ def make_loss(loss: str | BaseLearningLoss, **kwargs: Any) -> BaseLearningLoss:
         raise TypeError(f"loss {loss!r} does not take these arguments {sorted(kwargs)}: {exc}") from exc
 
 
+REDUCTIONS = ("mean", "sum", "row_mean")
+
+
 def reduce_rows(b: NodeBuilder, row_loss: str, weight: str | None, reduction: str) -> str:
-    """L = sum_i s_i l_i / sum_i s_i ('mean') or sum_i s_i l_i ('sum')."""
-    if reduction not in ("mean", "sum"):
-        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+    """L = sum_i s_i l_i / sum_i s_i ('mean'), sum_i s_i l_i ('sum'), or sum_i s_i l_i / n
+    ('row_mean': each row's step scales with its weight, as per-sample SGD weighs samples; in a
+    batch of one row, 'mean' would cancel the weight)."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     if weight is None:
-        op = "ReduceMean" if reduction == "mean" else "ReduceSum"
+        op = "ReduceSum" if reduction == "sum" else "ReduceMean"
         return b.reduce(op, row_loss, [0], 0, "data_loss")
-    total = b.sum_all(b.op("Mul", [row_loss, weight], "weighted_loss"))
+    weighted = b.op("Mul", [row_loss, weight], "weighted_loss")
+    if reduction == "row_mean":
+        return b.reduce("ReduceMean", weighted, [0], 0, "data_loss")
+    total = b.sum_all(weighted)
     if reduction == "sum":
         return total
     return b.op("Div", [total, b.sum_all(weight, "weight_sum")], "data_loss")
@@ -250,13 +258,10 @@ def penalty_term(b: NodeBuilder, weight: str, l1: float, l2: float) -> str | Non
     if l1:
         parts.append(b.op("Mul", [b.sum_all(b.op("Abs", [weight])), b.const(l1, "pen_l1")], "pen_l1_term"))
     if l2:
-        parts.append(
-            b.op(
-                "Mul",
-                [b.sum_all(b.op("Mul", [weight, weight])), b.const(l2, "pen_l2")],
-                "pen_l2_term",
-            )
-        )
+        # W * Identity(W): when nothing else reads W (the partial loop's penalty graph),
+        # onnxruntime's gradient builder defines W_grad twice for Mul(W, W)
+        square = b.op("Mul", [weight, b.op("Identity", [weight], "pen_w")], "pen_square")
+        parts.append(b.op("Mul", [b.sum_all(square), b.const(l2, "pen_l2")], "pen_l2_term"))
     if not parts:
         return None
     return parts[0] if len(parts) == 1 else b.op("Add", parts, "penalty")

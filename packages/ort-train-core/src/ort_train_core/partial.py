@@ -66,6 +66,7 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
         shuffle: bool = True,
         random_state: int | None = None,
         output_index: int = 0,
+        reduction: str = "mean",
         tol: float | None = None,
         n_iter_no_change: int = 5,
         callbacks: Sequence[Callback] | None = None,
@@ -84,6 +85,7 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
         self.shuffle = shuffle
         self.random_state = random_state
         self.output_index = output_index
+        self.reduction = reduction
         self.tol = tol
         self.n_iter_no_change = n_iter_no_change
         self.callbacks = callbacks
@@ -107,6 +109,7 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
     def _model_key(self) -> tuple[Any, ...]:
         return (
             id(self.model_onnx),
+            self.reduction,
             repr(self.learning_loss),
             repr(self.learning_penalty),
             self.weight_name,
@@ -137,6 +140,7 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
             weight_name=_free(taken, self.weight_name or "sample_weight"),
             penalty=penalized,
             output_index=self.output_index,
+            reduction=self.reduction,
         )
 
     @property
@@ -177,7 +181,7 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
             pred_model = self._prediction_model()
             pred = pred_model.graph.output[self.output_index].name
             pred_type, pred_shape = output_shape(pred_model, pred)
-            model = build_loss_gradient_graph(self._loss(), pred_type, pred_shape, batch)
+            model = build_loss_gradient_graph(self._loss(), pred_type, pred_shape, batch, self.reduction)
             self._graph_cache[key] = (model, make_session(model, device))
         value: tuple[ModelProto, Any] = self._graph_cache[key]
         return value

@@ -1,0 +1,80 @@
+"""'row_mean' reduction (sum_i s_i l_i / n) and an l2-only penalty in the partial loop, both
+against numpy SGD on a linear model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import build_linear, initializers
+
+from ort_train_core import (
+    ElasticLearningPenalty,
+    OrtGradientForwardBackwardOptimizer,
+    OrtGradientOptimizer,
+    add_loss_output,
+)
+
+
+def _numpy_row_mean_sgd(start, X, y, w, eta, batch, epochs, l2=0.0):  # type: ignore[no-untyped-def]
+    coef = start["coef"].astype(np.float64)
+    intercept = start["intercept"].astype(np.float64)
+    for _ in range(epochs):
+        for s in range(0, len(X), batch):
+            xb, yb, wb = X[s : s + batch], y[s : s + batch, None], w[s : s + batch, None]
+            d = xb @ coef + intercept - yb
+            g = 2 * d * wb / len(xb)
+            coef = coef - eta * (xb.T @ g + 2 * l2 * coef)
+            intercept = intercept - eta * g.sum(0)
+    return coef, intercept
+
+
+@pytest.mark.parametrize("loop", ["full", "partial"])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_row_mean_scales_each_row_by_its_weight(loop, batch):
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((10, 3)).astype(np.float32)
+    y = (X @ np.array([1.0, -1.0, 2.0]) + 0.5).astype(np.float32)
+    w = rng.uniform(0.2, 3.0, 10).astype(np.float32)
+    model = build_linear()
+    start = initializers(model)
+    if loop == "full":
+        trainer = OrtGradientOptimizer(
+            add_loss_output(model, weight_name="weight", reduction="row_mean"),
+            max_iter=2,
+            batch_size=batch,
+            learning_rate=0.02,
+            shuffle=False,
+        )
+    else:
+        trainer = OrtGradientForwardBackwardOptimizer(
+            model, max_iter=2, batch_size=batch, learning_rate=0.02, shuffle=False, reduction="row_mean"
+        )
+    trainer.fit(X, y, w)
+    coef, intercept = _numpy_row_mean_sgd(start, X, y, w, 0.02, batch, 2)
+    state = trainer.get_state()
+    np.testing.assert_allclose(state["coef"], coef, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(state["intercept"], intercept, rtol=1e-4, atol=1e-6)
+    # with one row per batch a weighted *mean* would cancel the weights: these must not
+    unweighted, _ = _numpy_row_mean_sgd(start, X, y, np.ones_like(w), 0.02, batch, 2)
+    assert not np.allclose(state["coef"], unweighted, rtol=1e-3)
+
+
+def test_l2_only_penalty_in_the_partial_loop():
+    """The penalty graph reads W only through its square: it must still differentiate."""
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((12, 3)).astype(np.float32)
+    y = (X @ np.array([0.5, 1.0, -1.5])).astype(np.float32)
+    model = build_linear()
+    start = initializers(model)
+    trainer = OrtGradientForwardBackwardOptimizer(
+        model,
+        max_iter=3,
+        batch_size=12,
+        learning_rate=0.05,
+        shuffle=False,
+        learning_penalty=ElasticLearningPenalty(l1=0.0, l2=0.1),
+    )
+    trainer.fit(X, y)
+    coef, intercept = _numpy_row_mean_sgd(start, X, y, np.ones(12), 0.05, 12, 3, l2=0.1)
+    np.testing.assert_allclose(trainer.get_state()["coef"], coef, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(trainer.get_state()["intercept"], intercept, rtol=1e-4, atol=1e-6)
