@@ -1,0 +1,246 @@
+"""Fine-tune a given ONNX graph, or a fitted scikit-learn model, with the scikit-learn API."""
+
+from __future__ import annotations
+
+import warnings
+from numbers import Integral, Real
+from typing import Any
+
+import numpy as np
+from onnx import ModelProto
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, _fit_context, clone
+from sklearn.exceptions import ConvergenceWarning, NotFittedError
+from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from ort_train_core import BaseLearningRate, LearningRateAdam, LearningRateSGD, LearningRateSGDNesterov
+
+from ._base import _COMMON_CONSTRAINTS, OrtClassifierMixin, OrtEstimatorMixin, OrtRegressorMixin
+from ._convert import TrainableGraph, to_trainable_graph
+
+
+class _OnnxModelBase(OrtEstimatorMixin):
+    """The model's own weights are the starting point: fit continues from them."""
+
+    _parameter_constraints: dict[str, Any] = {
+        **_COMMON_CONSTRAINTS,
+        "model": "no_validation",
+        "weights_to_train": [list, tuple, None],
+        "alpha": [Interval(Real, 0, None, closed="left")],
+        "solver": [StrOptions({"sgd", "adam"})],
+        "learning_rate_init": [Interval(Real, 0, None, closed="neither")],
+        "momentum": [Interval(Real, 0, 1, closed="left")],
+        "nesterovs_momentum": ["boolean"],
+        "batch_size": [Interval(Integral, 1, None, closed="left")],
+    }
+    _expected_kind = "regressor"
+
+    def _graph(self, X: np.ndarray, y: Any) -> TrainableGraph:
+        if self.model is None:
+            raise ValueError(
+                f"{type(self).__name__} needs model=: an ONNX model, its bytes or path, "
+                "or a scikit-learn estimator"
+            )
+        model = self.model
+        if isinstance(model, BaseEstimator) and not _is_fitted(model):
+            # an unfitted estimator gives the architecture: scikit-learn fits it first, then
+            # onnxruntime trains from there
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ConvergenceWarning)
+                model = clone(model).fit(X, y)
+        graph = to_trainable_graph(model, X[:1])
+        if graph.kind != self._expected_kind:
+            raise ValueError(
+                f"{type(self).__name__} trains a {self._expected_kind}, but the model is a {graph.kind}; "
+                f"use OnnxModel{graph.kind.capitalize()}"
+            )
+        return graph
+
+    def _initial_graph(self, n_features: int, n_outputs: int, rng: np.random.RandomState) -> ModelProto:
+        return self._graph_.model
+
+    def _trained_weights(self, model: ModelProto) -> list[str]:
+        return (
+            list(self.weights_to_train) if self.weights_to_train is not None else list(self._graph_.weights)
+        )
+
+    def _penalized_weights(self, model: ModelProto) -> list[str]:
+        ranks = {i.name: len(i.dims) for i in model.graph.initializer}
+        return [w for w in self._trained_weights(model) if ranks.get(w, 0) >= 2]
+
+    def _penalty(self, scale: float, batch_weight: float) -> tuple[float, float]:
+        return 0.0, float(self.alpha)
+
+    def _batch_size(self, n_samples: int) -> int:
+        return min(int(self.batch_size), n_samples)
+
+    def _learning_rate(self, scale: float) -> BaseLearningRate:
+        if self.solver == "adam":
+            return LearningRateAdam(eta0=self.learning_rate_init)
+        if self.momentum > 0:
+            return LearningRateSGDNesterov(
+                eta0=self.learning_rate_init,
+                learning_rate="constant",
+                momentum=self.momentum,
+                nesterov=self.nesterovs_momentum,
+            )
+        return LearningRateSGD(eta0=self.learning_rate_init, learning_rate="constant")
+
+    def _store_weights(self, weights: dict[str, np.ndarray]) -> None:
+        self.weights_ = weights
+
+    def _fit_model(self, X: Any, y: Any, sample_weight: Any, incremental: bool = False) -> None:
+        if not ((incremental or self.warm_start) and hasattr(self, "_trainer")):
+            Xc, yc = validate_data(self, X, y, dtype=(np.float32, np.float64), multi_output=True)
+            self._graph_ = self._graph(Xc.astype(np.float32), yc)
+        self._fit(X, y, sample_weight, incremental=incremental, classes=self._graph_.classes)
+
+
+class OnnxModelRegressor(OrtRegressorMixin, RegressorMixin, _OnnxModelBase):
+    """Trains (fine-tunes) a regression graph: an ONNX model, its bytes or path, or a fitted
+    scikit-learn regressor (converted with skl2onnx into a trainable graph)."""
+
+    _parameter_constraints = {
+        **_OnnxModelBase._parameter_constraints,
+        "loss": [StrOptions({"squared_error", "absolute_error", "elastic"})],
+    }
+
+    def __init__(
+        self,
+        model: Any = None,
+        *,
+        weights_to_train: Any = None,
+        loss: str = "squared_error",
+        alpha: float = 0.0,
+        solver: str = "sgd",
+        learning_rate_init: float = 0.001,
+        momentum: float = 0.0,
+        nesterovs_momentum: bool = True,
+        batch_size: int = 32,
+        max_iter: int = 10,
+        tol: float | None = None,
+        n_iter_no_change: int = 5,
+        shuffle: bool = True,
+        random_state: Any = None,
+        early_stopping: bool = False,
+        validation_fraction: float = 0.1,
+        warm_start: bool = False,
+        verbose: int = 0,
+        device: str = "cpu",
+        training: str = "full",
+    ) -> None:
+        self.model = model
+        self.weights_to_train = weights_to_train
+        self.loss = loss
+        self.alpha = alpha
+        self.solver = solver
+        self.learning_rate_init = learning_rate_init
+        self.momentum = momentum
+        self.nesterovs_momentum = nesterovs_momentum
+        self.batch_size = batch_size
+        self.max_iter = max_iter
+        self.tol = tol
+        self.n_iter_no_change = n_iter_no_change
+        self.shuffle = shuffle
+        self.random_state = random_state
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.warm_start = warm_start
+        self.verbose = verbose
+        self.device = device
+        self.training = training
+
+    def _loss(self, n_outputs: int) -> tuple[str, str, float]:
+        partial = {"squared_error": "square_error"}.get(self.loss, self.loss)
+        return self.loss, partial, 1.0
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self, X: Any, y: Any, sample_weight: Any = None) -> OnnxModelRegressor:
+        self._fit_model(X, y, sample_weight)
+        return self
+
+    def partial_fit(self, X: Any, y: Any, sample_weight: Any = None) -> OnnxModelRegressor:
+        """One epoch over (X, y), continuing the current weights."""
+        self._validate_params()
+        self._fit_model(X, y, sample_weight, incremental=True)
+        return self
+
+
+class OnnxModelClassifier(OrtClassifierMixin, ClassifierMixin, _OnnxModelBase):
+    """Trains (fine-tunes) a classifier's logits with the cross-entropy: an ONNX model cut at
+    its logits, or a fitted scikit-learn classifier (converted with skl2onnx)."""
+
+    _expected_kind = "classifier"
+    _parameter_constraints = {
+        **_OnnxModelBase._parameter_constraints,
+        "loss": [StrOptions({"cross_entropy"})],
+    }
+
+    def __init__(
+        self,
+        model: Any = None,
+        *,
+        weights_to_train: Any = None,
+        loss: str = "cross_entropy",
+        alpha: float = 0.0,
+        solver: str = "sgd",
+        learning_rate_init: float = 0.001,
+        momentum: float = 0.0,
+        nesterovs_momentum: bool = True,
+        batch_size: int = 32,
+        max_iter: int = 10,
+        tol: float | None = None,
+        n_iter_no_change: int = 5,
+        shuffle: bool = True,
+        random_state: Any = None,
+        early_stopping: bool = False,
+        validation_fraction: float = 0.1,
+        warm_start: bool = False,
+        verbose: int = 0,
+        device: str = "cpu",
+        training: str = "full",
+    ) -> None:
+        self.model = model
+        self.weights_to_train = weights_to_train
+        self.loss = loss
+        self.alpha = alpha
+        self.solver = solver
+        self.learning_rate_init = learning_rate_init
+        self.momentum = momentum
+        self.nesterovs_momentum = nesterovs_momentum
+        self.batch_size = batch_size
+        self.max_iter = max_iter
+        self.tol = tol
+        self.n_iter_no_change = n_iter_no_change
+        self.shuffle = shuffle
+        self.random_state = random_state
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.warm_start = warm_start
+        self.verbose = verbose
+        self.device = device
+        self.training = training
+
+    def _loss(self, n_outputs: int) -> tuple[str, str, float]:
+        return "cross_entropy", "cross_entropy", 1.0
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self, X: Any, y: Any, sample_weight: Any = None) -> OnnxModelClassifier:
+        self._fit_model(X, y, sample_weight)
+        return self
+
+    def partial_fit(
+        self, X: Any, y: Any, classes: Any = None, sample_weight: Any = None
+    ) -> OnnxModelClassifier:
+        """One epoch over (X, y), continuing the current weights."""
+        self._validate_params()
+        self._fit_model(X, y, sample_weight, incremental=True)
+        return self
+
+
+def _is_fitted(estimator: Any) -> bool:
+    try:
+        check_is_fitted(estimator)
+    except NotFittedError:
+        return False
+    return True
