@@ -19,29 +19,40 @@ nox.options.sessions = ["lint", "typecheck", "tests"]
 
 ROOT = pathlib.Path(__file__).parent
 PYTHONS = ["3.10", "3.11", "3.12"]
-PACKAGES = ["ort-train-core"]
+PACKAGES = ["ort-train-core", "ort-train-sklearn"]
 # pip takes the CPU build of torch from local disk only with this exact pin (Python 3.11); any
 # looser spec downloads a multi-GB CUDA build. Other interpreters test without torch.
 TORCH = "torch==2.13.0; python_version == '3.11'"
-TEST_DEPS = ["pytest>=8", "hypothesis", "scikit-learn", "skl2onnx", TORCH]
 
 
 def _install_core(session: nox.Session, device: str = "cpu") -> None:
     session.install("-e", f"packages/ort-train-core[{device}]")
 
 
+# what each distribution's tests need beside the distribution itself: torch only where it is the
+# point, so that a missing dependency of one adapter cannot hide behind another's install
+TEST_SUITES = {
+    "core": (["ort-train-core"], ["scikit-learn", "skl2onnx", TORCH], "tests/core"),
+    "sklearn": (["ort-train-core", "ort-train-sklearn"], [], "tests/sklearn_adapter"),
+}
+
+
 @nox.session(python=PYTHONS)
 @nox.parametrize("device", ["cpu", "cuda"])
-def tests(session: nox.Session, device: str) -> None:
-    """Core tests; `device=cuda` runs the tests marked `cuda` (they skip without a GPU)."""
+@nox.parametrize("package", list(TEST_SUITES))
+def tests(session: nox.Session, package: str, device: str) -> None:
+    """One distribution's tests; `device=cuda` runs the tests marked `cuda` (they skip without a GPU)."""
     if device == "cuda":
         if shutil.which("nvidia-smi") is None:
             session.skip("no NVIDIA GPU on this machine: the cuda tests run where one exists")
         if session.python != "3.11":
             session.skip("onnxruntime-training (CUDA) has wheels for Python <= 3.11 only")
-    _install_core(session, device)
-    session.install(*TEST_DEPS)
-    args = session.posargs or ["tests/core"]
+    (core, *adapters), extra, folder = TEST_SUITES[package]
+    session.install("-e", f"packages/{core}[{device}]")
+    for dist in adapters:
+        session.install("-e", f"packages/{dist}")
+    session.install("pytest>=8", "hypothesis", *extra)
+    args = session.posargs or [folder]
     marker = ["-m", "cuda"] if device == "cuda" else []
     session.run("python", "-m", "pytest", *marker, *args, env={"ORT_TRAIN_TEST_DEVICE": device})
 
@@ -57,6 +68,7 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     session.install("mypy", "numpy")
     _install_core(session)
+    session.install("-e", "packages/ort-train-sklearn")
     session.run("mypy")
 
 
@@ -70,10 +82,13 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
-    """Benchmarks against numpy, torch and scikit-learn; `-- --quick` for a short run."""
+    """Benchmarks against numpy, torch and scikit-learn (the training loops, then
+    OrtMLPRegressor against MLPRegressor); `-- --quick` for a short run."""
     _install_core(session)
+    session.install("-e", "packages/ort-train-sklearn")
     session.install("scikit-learn", "skl2onnx", "torch==2.13.0")
     session.run("python", "benchmarks/bench_full.py", *session.posargs)
+    session.run("python", "benchmarks/bench_sklearn.py", *session.posargs)
 
 
 @nox.session(python="3.11")
@@ -104,9 +119,11 @@ def build(session: nox.Session) -> None:
         bindir = venv / ("Scripts" if os.name == "nt" else "bin")
         py = str(bindir / "python")
         # without an extra, no runtime: the import must fail with the fix in its message
-        session.run(py, "-m", "pip", "install", "-q", str(wheel), external=True)
+        # siblings are pinned to the same version: pip finds them among the wheels just built
+        links = [arg for d in PACKAGES for arg in ("--find-links", str(dist / d))]
+        session.run(py, "-m", "pip", "install", "-q", *links, str(wheel), external=True)
         session.run(py, "-c", _EXPECT_RUNTIME_ERROR.format(module=module), external=True)
-        session.run(py, "-m", "pip", "install", "-q", f"{wheel}[cpu]", external=True)
+        session.run(py, "-m", "pip", "install", "-q", *links, f"{wheel}[cpu]", external=True)
         session.run(
             py,
             "-c",

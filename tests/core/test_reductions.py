@@ -78,3 +78,39 @@ def test_l2_only_penalty_in_the_partial_loop():
     coef, intercept = _numpy_row_mean_sgd(start, X, y, np.ones(12), 0.05, 12, 3, l2=0.1)
     np.testing.assert_allclose(trainer.get_state()["coef"], coef, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(trainer.get_state()["intercept"], intercept, rtol=1e-4, atol=1e-6)
+
+
+def test_row_mean_epoch_loss_weighs_batches_by_rows():
+    """train_losses_ with 'row_mean' is the objective sum_i s_i l_i / n, not re-weighted."""
+    rng = np.random.default_rng(2)
+    X = rng.standard_normal((8, 3)).astype(np.float32)
+    y = rng.standard_normal(8).astype(np.float32)
+    w = rng.uniform(0.5, 2.0, 8).astype(np.float32)
+    model = build_linear()
+    start = initializers(model)
+    trainer = OrtGradientOptimizer(
+        add_loss_output(model, weight_name="weight", reduction="row_mean"),
+        max_iter=1,
+        batch_size=1,
+        learning_rate=1e-6,
+        shuffle=False,
+    )
+    trainer.fit(X, y, w)
+    pred = X.astype(np.float64) @ start["coef"] + start["intercept"]
+    expected = np.mean(w * (pred[:, 0] - y) ** 2)  # the steps are tiny: weights barely move
+    assert trainer.train_losses_[0] == pytest.approx(expected, rel=1e-4)
+
+
+def test_binary_cross_entropy_gradient_at_zero_logit():
+    """From zero weights the logit is 0: the first step follows sigmoid(0) - y = 1/2 - y."""
+    X = np.array([[1.0, 2.0, -1.0], [0.5, -1.0, 2.0]], dtype=np.float32)
+    y = np.array([1, 0])
+    model = build_linear(coef=np.zeros((3, 1), np.float32), intercept=np.zeros(1, np.float32))
+    trainer = OrtGradientOptimizer(
+        add_loss_output(model, "cross_entropy"), max_iter=1, batch_size=2, learning_rate=0.1, shuffle=False
+    )
+    trainer.fit(X, y)
+    g = (0.5 - y)[:, None] / 2  # mean over the batch
+    np.testing.assert_allclose(trainer.get_state()["coef"], -0.1 * X.T @ g, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(trainer.get_state()["intercept"], -0.1 * g.sum(0), rtol=1e-6, atol=1e-7)
+    assert trainer.train_losses_[0] == pytest.approx(np.log(2.0), rel=1e-6)

@@ -110,6 +110,11 @@ class BaseOrtTrainer(ParamsMixin):
     def _graphs_to_save(self) -> dict[str, ModelProto]:
         raise NotImplementedError
 
+    def _batches_weighted_by_sample_weight(self) -> bool:
+        """Whether the epoch loss weighs each batch by its total sample weight (a weighted-mean
+        batch loss) rather than by its row count."""
+        return True
+
     # ---- shared -----------------------------------------------------------------------
     def _on_params_changed(self) -> None:
         self._cache: dict[Any, Any] = {}
@@ -184,7 +189,7 @@ class BaseOrtTrainer(ParamsMixin):
         arrays = [a for a in (Xc, yc, wc) if a is not None]
         store = BatchStore(arrays, int(self.batch_size), device, bool(self.shuffle))
         runner = self._make_runner(store, self._state, device, lr, validation)
-        self._run_epochs(runner, store, wc)
+        self._run_epochs(runner, store, wc if self._batches_weighted_by_sample_weight() else None)
         return self
 
     def _run_epochs(self, runner: StepRunner, store: BatchStore, weights: np.ndarray | None) -> None:

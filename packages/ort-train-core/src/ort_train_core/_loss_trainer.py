@@ -39,6 +39,10 @@ class LossGraphTrainer(BaseOrtTrainer):
     def _loss_name(self) -> str:
         return "loss"
 
+    def _batches_weighted_by_sample_weight(self) -> bool:
+        # 'row_mean' batch losses are means over rows already: batches weigh by their row count
+        return bool(get_metadata(self._model(), "reduction") != "row_mean")
+
     def _input_overrides(self) -> tuple[str | None, str | None]:
         """Label and sample-weight input names given by the user (None: from metadata)."""
         return None, None

@@ -196,6 +196,7 @@ def add_loss_output(
     set_metadata(model, "label_name", label_name)
     set_metadata(model, "weight_name", weight_name)
     set_metadata(model, "prediction_outputs", [o.name for o in outputs])
+    set_metadata(model, "reduction", reduction)
     if loss.integer_labels:
         n_cols = pred_shape[1] if len(pred_shape) == 2 else 1
         set_metadata(model, "n_classes", 2 if n_cols == 1 else n_cols)

@@ -146,28 +146,20 @@ class NegLogLearningLoss(BaseLearningLoss):
 
 
 class CrossEntropyLearningLoss(BaseLearningLoss):
-    """Cross-entropy on logits z: one column softplus(z) - y z, several logsumexp(z) - z_y."""
+    """Cross-entropy on logits z: one column softplus(z) - y z, several logsumexp(z) - z_y
+    (both as -log_softmax(logits)[y], the one column as the logits [0, z])."""
 
     integer_labels = True
 
     def row_loss(self, b: NodeBuilder, pred: str, label: str, pred_shape: list[int | None]) -> str:
         n_cols = _n_columns(pred_shape)
         if n_cols == 1:
-            y = _float_label_like(b, label, pred_shape)
-            # softplus(z) = max(z, 0) + log(1 + exp(-|z|)): stable, and every op has a gradient
-            # in onnxruntime-training (Softplus has none).
-            tail = b.op(
-                "Log",
-                [
-                    b.op(
-                        "Add",
-                        [b.const(1.0, "one"), b.op("Exp", [b.op("Neg", [b.op("Abs", [pred])])])],
-                    )
-                ],
-            )
-            softplus = b.op("Add", [b.op("Relu", [pred]), tail], "softplus")
-            row = b.op("Sub", [softplus, b.op("Mul", [y, pred])], "bce")
-            return _sum_columns(b, row, pred_shape)
+            # binary: the two-class softmax of logits [0, z], whose gradient sigmoid(z) - y is
+            # smooth everywhere (max(z, 0) + log(1 + exp(-|z|)) has a kink at z = 0, where SGD
+            # from zero weights starts)
+            z = pred if len(pred_shape) == 2 else b.op("Unsqueeze", [pred, b.int_const([1])], "logit_col")
+            zeros = b.op("Sub", [z, z], "zero_logit")
+            pred, n_cols = b.op("Concat", [zeros, z], "binary_logits", axis=1), 2
         if n_cols is None:
             raise ValueError("'cross_entropy' needs the number of classes (the prediction's dim 1)")
         logp = b.op("LogSoftmax", [pred], "log_softmax", axis=1)

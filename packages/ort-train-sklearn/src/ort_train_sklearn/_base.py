@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from onnx import ModelProto
 from sklearn.base import BaseEstimator
-from sklearn.exceptions import ConvergenceWarning
+from sklearn.exceptions import ConvergenceWarning, DataConversionWarning
 from sklearn.model_selection import train_test_split
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
@@ -51,6 +51,12 @@ class OrtEstimatorMixin(BaseEstimator):
     """Subclasses provide the graph, the loss and the learning rate; this class trains."""
 
     _is_classifier = False
+    #: fits several targets (y of shape (n, k)): regressors unless they say otherwise
+    _multi_output = False
+    #: sample weights scale each row's step (batch objective mean_i s_i l_i, the 'row_mean'
+    #: reduction: SGD) instead of weighting the batch mean (sum_i s_i l_i / sum_i s_i, 'mean':
+    #: scikit-learn's MLP; with one row per batch it would cancel the weight)
+    _rows_weighted = False
 
     # ---- what a subclass says -----------------------------------------------------------
     def _initial_graph(self, n_features: int, n_outputs: int, rng: np.random.RandomState) -> ModelProto:
@@ -64,15 +70,20 @@ class OrtEstimatorMixin(BaseEstimator):
         return []
 
     def _loss(self, n_outputs: int) -> tuple[str, str, float]:
-        """(score name for add_loss_output, learning-loss name, scale): our objective is
-        ``scale`` times scikit-learn's for the same estimator (ours has no 1/2 factor)."""
+        """(score name for add_loss_output, learning-loss name, scale): our gradient is
+        ``scale`` times the one scikit-learn steps with (ours has no 1/2 factor)."""
         raise NotImplementedError
+
+    def _reported_scale(self, n_outputs: int, scale: float) -> float:
+        """Our objective over the loss scikit-learn reports (``loss_curve_``, ``tol``)."""
+        return scale
 
     def _learning_rate(self, scale: float) -> BaseLearningRate:
         raise NotImplementedError
 
-    def _penalty(self, scale: float, batch_size: int) -> tuple[float, float]:
-        """(l1, l2) of our penalty, matching scikit-learn's alpha in our objective's scale."""
+    def _penalty(self, scale: float, batch_weight: float) -> tuple[float, float]:
+        """(l1, l2) of our penalty, matching scikit-learn's alpha in our objective's scale;
+        ``batch_weight`` is the expected total sample weight of a batch."""
         return 0.0, 0.0
 
     def _batch_size(self, n_samples: int) -> int:
@@ -86,6 +97,14 @@ class OrtEstimatorMixin(BaseEstimator):
     def _prepare_targets(self, y: np.ndarray, first: bool, classes: Any = None) -> tuple[np.ndarray, int]:
         if not self._is_classifier:
             y = np.asarray(y, dtype=np.float32)
+            if y.ndim == 2 and y.shape[1] == 1:
+                warnings.warn(
+                    "A column-vector y was passed when a 1d array was expected. Please change the "
+                    "shape of y to (n_samples,), for example using ravel().",
+                    DataConversionWarning,
+                    stacklevel=4,
+                )
+                y = y[:, 0]
             n_outputs = 1 if y.ndim == 1 else y.shape[1]
             if first:
                 self._y_ndim = y.ndim
@@ -97,8 +116,8 @@ class OrtEstimatorMixin(BaseEstimator):
                 raise ValueError(f"y holds labels not in classes={list(self.classes_)}")
             if len(self.classes_) < 2:
                 raise ValueError(
-                    f"{type(self).__name__} needs at least 2 classes in y, got {len(self.classes_)}: "
-                    f"{list(self.classes_)}"
+                    f"{type(self).__name__} needs samples of at least 2 classes in the data, but the "
+                    f"data contains only one class: {self.classes_[0]!r}"
                 )
         elif not np.isin(np.unique(y), self.classes_).all():
             raise ValueError(f"y holds labels not seen in the first fit: classes are {list(self.classes_)}")
@@ -110,23 +129,31 @@ class OrtEstimatorMixin(BaseEstimator):
         self, X: Any, y: Any, sample_weight: Any = None, incremental: bool = False, classes: Any = None
     ) -> OrtEstimatorMixin:
         first = not ((incremental or self.warm_start) and hasattr(self, "_trainer"))
-        multi = not self._is_classifier
         X, y = validate_data(
-            self, X, y, reset=first, dtype=(np.float32, np.float64), multi_output=multi, y_numeric=multi
+            self,
+            X,
+            y,
+            reset=first,
+            dtype=(np.float32, np.float64),
+            multi_output=self._multi_output,
+            y_numeric=not self._is_classifier,
         )
         X = X.astype(np.float32, copy=False)
         y_enc, n_outputs = self._prepare_targets(y, first, classes)
-        sw = None if sample_weight is None else _check_sample_weight(sample_weight, X, dtype=np.float32)
+        sw = None
+        if sample_weight is not None:
+            sw = _check_sample_weight(sample_weight, X, dtype=np.float32, ensure_non_negative=True)
+            if not sw.any():
+                raise ValueError("sample_weight is all zeros: there is nothing to learn from")
+            if not self._rows_weighted and not sw.all():
+                # a weighted batch mean ignores zero-weight rows: drop them rather than let a
+                # batch of zero weights divide 0 by 0
+                keep = sw > 0
+                X, y_enc, sw = X[keep], y_enc[keep], sw[keep]
         rng = check_random_state(self.random_state)
-        if first:
+        if first:  # the initial weights take the first draws, as in scikit-learn
             model = self._initial_graph(X.shape[1], n_outputs, rng)
-            self._trainer = self._make_trainer(model, X.shape[0], n_outputs, rng)
-        trainer = self._trainer
-        trainer.max_iter = 1 if incremental else self.max_iter
-        trainer.tol = None if incremental or self.tol is None else self.tol * self._scale
-        trainer.n_iter_no_change = self.n_iter_no_change
-        trainer.shuffle = self.shuffle
-        X_val = y_val = None
+        X_val = y_val = sw_val = None
         if self.early_stopping and not incremental:
             stratify = y_enc if self._is_classifier else None
             split = train_test_split(
@@ -138,10 +165,19 @@ class OrtEstimatorMixin(BaseEstimator):
                 stratify=stratify,
             )
             X, X_val, y_enc, y_val = split[:4]
-            sw = split[4] if sw is not None else None
+            sw, sw_val = (split[4], split[5]) if sw is not None else (None, None)
+        if first:
+            mean_weight = 1.0 if sw is None or self._rows_weighted else float(np.mean(sw, dtype=np.float64))
+            self._trainer = self._make_trainer(model, X.shape[0], n_outputs, rng, mean_weight)
+        trainer = self._trainer
+        trainer.max_iter = 1 if incremental else self.max_iter
+        trainer.tol = None if incremental or self.tol is None else self.tol * self._report_scale
+        trainer.n_iter_no_change = self.n_iter_no_change
+        trainer.shuffle = self.shuffle
+        epochs_before = int(getattr(trainer, "n_iter_", 0))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ort_train_core.ConvergenceWarning)
-            trainer.fit(X, y_enc, sw, X_val, y_val)
+            trainer.fit(X, y_enc, sw, X_val, y_val, sw_val)
         for w in caught:
             if issubclass(w.category, ort_train_core.ConvergenceWarning):
                 warnings.warn(
@@ -153,26 +189,42 @@ class OrtEstimatorMixin(BaseEstimator):
             else:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         self._store_weights(trainer.get_state())
-        self.n_iter_ = trainer.n_iter_
-        self.loss_curve_ = [float(v) / self._scale for v in trainer.train_losses_]
-        self.best_loss_ = min(self.loss_curve_) if self.loss_curve_ else math.inf
+        # scikit-learn's n_iter_ counts the epochs of this call; loss_curve_ goes on over warm
+        # starts and partial fits
+        self.n_iter_ = int(trainer.n_iter_) - epochs_before
+        self.loss_curve_ = [float(v) / self._report_scale for v in trainer.train_losses_]
+        # with early stopping, scikit-learn's MLP sets best_loss_ to None and tracks validation
+        # scores; ours are the negated validation losses (what early stopping monitors), not R2
+        # or accuracy
         self.validation_scores_ = (
-            [-float(v) / self._scale for v in trainer.validation_losses_]
+            [-float(v) / self._report_scale for v in trainer.validation_losses_]
             if trainer.validation_losses_
             else None
         )
+        self.best_loss_: float | None
+        if self.validation_scores_ is None:
+            self.best_loss_ = min(self.loss_curve_) if self.loss_curve_ else math.inf
+        else:
+            self.best_loss_ = None
+            self.best_validation_score_ = max(self.validation_scores_)
         self._sessions: dict[str, Any] = {}
         return self
 
     def _make_trainer(
-        self, model: ModelProto, n_samples: int, n_outputs: int, rng: np.random.RandomState
+        self,
+        model: ModelProto,
+        n_samples: int,
+        n_outputs: int,
+        rng: np.random.RandomState,
+        mean_weight: float = 1.0,
     ) -> Any:
         score, learning_loss, scale = self._loss(n_outputs)
         self._scale = scale
+        self._report_scale = self._reported_scale(n_outputs, scale)
         self._raw_model = model
         weights = self._trained_weights(model)
         batch = self._batch_size(n_samples)
-        l1, l2 = self._penalty(scale, batch)
+        l1, l2 = self._penalty(scale, batch * mean_weight)
         penalized = self._penalized_weights(model)
         common = dict(
             weights_to_train=weights,
@@ -186,14 +238,18 @@ class OrtEstimatorMixin(BaseEstimator):
             random_state=int(rng.randint(2**31 - 1)),
             n_iter_no_change=self.n_iter_no_change,
         )
+        reduction = "row_mean" if self._rows_weighted else "mean"
         if self.training == "full":
             penalty = {w: {"l1": l1, "l2": l2} for w in penalized} if (l1 or l2) else None
-            loss_model = add_loss_output(model, score, weight_name="sample_weight", penalty=penalty)
+            loss_model = add_loss_output(
+                model, score, weight_name="sample_weight", penalty=penalty, reduction=reduction
+            )
             return OrtGradientOptimizer(loss_model, **common)
         return OrtGradientForwardBackwardOptimizer(
             model,
             learning_loss=learning_loss,
             weight_name="sample_weight",
+            reduction=reduction,
             learning_penalty=ElasticLearningPenalty(l1=l1, l2=l2) if (l1 or l2) else None,
             **common,
         )
@@ -214,8 +270,11 @@ class OrtEstimatorMixin(BaseEstimator):
         return classifier_head(raw, raw.graph.output[0].name, self.classes_)
 
     def _run(self, kind: str, X: Any) -> list[np.ndarray]:
+        """The graph's outputs on X; float outputs in X's float type (computed in float32),
+        as scikit-learn keeps float32 inputs in float32 and returns float64 otherwise."""
         check_is_fitted(self, "_trainer")
-        X = validate_data(self, X, reset=False, dtype=(np.float32, np.float64))
+        X = validate_data(self, X, reset=False, dtype=(np.float64, np.float32))
+        dtype = X.dtype
         X = np.ascontiguousarray(X, dtype=np.float32)
         sessions = self.__dict__.setdefault("_sessions", {})
         if kind not in sessions:
@@ -229,7 +288,7 @@ class OrtEstimatorMixin(BaseEstimator):
             )
         sess = sessions[kind]
         outputs: list[np.ndarray] = sess.run(None, {sess.get_inputs()[0].name: X})
-        return outputs
+        return [o.astype(dtype) if o.dtype == np.float32 else o for o in outputs]
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
@@ -239,6 +298,13 @@ class OrtEstimatorMixin(BaseEstimator):
 
 
 class OrtRegressorMixin(OrtEstimatorMixin):
+    _multi_output = True
+
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = self._multi_output
+        return tags
+
     def predict(self, X: Any) -> np.ndarray:
         (pred,) = self._run("raw", X)
         out: np.ndarray = pred.ravel() if getattr(self, "_y_ndim", 1) == 1 else pred

@@ -74,9 +74,15 @@ def classifier_head(model: ModelProto, output: str, classes: np.ndarray) -> Mode
     else:
         nodes.append(helper.make_node("Softmax", [output], ["probabilities"], axis=1))
     nodes.append(helper.make_node("ArgMax", ["probabilities"], ["head_index"], axis=1, keepdims=0))
-    if classes.dtype.kind in "iub":
+    if classes.dtype.kind in "iu":
         cls = numpy_helper.from_array(classes.astype(np.int64), "head_classes")
         label_type = TensorProto.INT64
+    elif classes.dtype.kind == "b":
+        cls = numpy_helper.from_array(classes.astype(np.bool_), "head_classes")
+        label_type = TensorProto.BOOL
+    elif classes.dtype.kind == "f":
+        cls = numpy_helper.from_array(classes.astype(np.float64), "head_classes")
+        label_type = TensorProto.DOUBLE
     else:
         cls = numpy_helper.from_array(np.array([str(c) for c in classes], dtype=object), "head_classes")
         label_type = TensorProto.STRING

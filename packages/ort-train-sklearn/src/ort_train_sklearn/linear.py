@@ -18,6 +18,8 @@ from ._graphs import dense_graph, layer_names
 
 
 class _OrtSGDBase(OrtEstimatorMixin):
+    # scikit-learn's SGD scales each sample's step by its weight
+    _rows_weighted = True
     _parameter_constraints: dict[str, list[Any]] = {
         **_COMMON_CONSTRAINTS,
         "penalty": [StrOptions({"l2", "l1", "elasticnet"}), None],
@@ -50,7 +52,7 @@ class _OrtSGDBase(OrtEstimatorMixin):
             learning_rate=self.learning_rate,
         )
 
-    def _penalty(self, scale: float, batch_size: int) -> tuple[float, float]:
+    def _penalty(self, scale: float, batch_weight: float) -> tuple[float, float]:
         """scikit-learn adds alpha * R(w), R = ||w||^2 / 2 (l2), ||w||_1 (l1) or their mix."""
         if self.penalty is None or self.alpha == 0:
             return 0.0, 0.0
@@ -78,6 +80,8 @@ class _OrtSGDBase(OrtEstimatorMixin):
 
 class OrtSGDRegressor(OrtRegressorMixin, RegressorMixin, _OrtSGDBase):
     """Linear regression by minibatch SGD in onnxruntime (squared or absolute error)."""
+
+    _multi_output = False
 
     _parameter_constraints = {
         **_OrtSGDBase._parameter_constraints,

@@ -63,9 +63,10 @@ class _OrtMLPBase(OrtEstimatorMixin):
     def _penalized_weights(self, model: ModelProto) -> list[str]:
         return [coef for coef, _ in layer_names(self._n_layers())]
 
-    def _penalty(self, scale: float, batch_size: int) -> tuple[float, float]:
-        # scikit-learn adds alpha / 2 * ||W||^2 / batch_size to each batch's loss
-        return 0.0, scale * self.alpha / (2.0 * batch_size)
+    def _penalty(self, scale: float, batch_weight: float) -> tuple[float, float]:
+        # scikit-learn adds alpha / 2 * ||W||^2 / (the batch's total sample weight) to each
+        # batch's loss; ours is fixed: the nominal batch size times the mean sample weight
+        return 0.0, scale * self.alpha / (2.0 * batch_weight)
 
     def _batch_size(self, n_samples: int) -> int:
         if self.batch_size == "auto":
@@ -98,6 +99,10 @@ class _OrtMLPBase(OrtEstimatorMixin):
         self.intercepts_ = [weights[b].astype(np.float64).reshape(-1) for _, b in names]
         self.n_layers_ = len(self.coefs_) + 1
         self.n_outputs_ = self.coefs_[-1].shape[1]
+        if not self._is_classifier:
+            self.out_activation_ = "identity"
+        else:
+            self.out_activation_ = "logistic" if self.n_outputs_ == 1 else "softmax"
 
 
 class OrtMLPRegressor(OrtRegressorMixin, RegressorMixin, _OrtMLPBase):
@@ -161,8 +166,13 @@ class OrtMLPRegressor(OrtRegressorMixin, RegressorMixin, _OrtMLPBase):
         self.training = training
 
     def _loss(self, n_outputs: int) -> tuple[str, str, float]:
-        # scikit-learn's loss is mean((y - p)^2) / 2 over all outputs; ours sums the outputs
-        return "squared_error", "square_error", 2.0 * n_outputs
+        # scikit-learn backpropagates (p - y) per output: the gradient of sum_k (p - y)^2 / 2
+        return "squared_error", "square_error", 2.0
+
+    def _reported_scale(self, n_outputs: int, scale: float) -> float:
+        # ...but reports mean((y - p)^2) / 2 over rows and outputs. (Its reported penalty is not
+        # divided by n_outputs, ours is: loss_curve_ differs there when n_outputs > 1.)
+        return scale * n_outputs
 
     @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X: Any, y: Any, sample_weight: Any = None) -> OrtMLPRegressor:
