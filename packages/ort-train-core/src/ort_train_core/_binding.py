@@ -6,6 +6,8 @@ it alive, so every OrtValue made here is stored beside the array it views.
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -93,6 +95,13 @@ class CachedBinding:
         self.session.run_with_iobinding(self.binding, None)
 
 
+#: sessions by (graph bytes, device, options): a graph whose weights are inputs is the same for
+#: every fit of the same architecture and settings (cross-validation folds, grid searches, refits),
+#: and building a session costs milliseconds. onnxruntime sessions run concurrently.
+_SESSIONS: OrderedDict[tuple[bytes, str, int | None, bool], Any] = OrderedDict()
+MAX_CACHED_SESSIONS = 32
+
+
 def make_session(
     model: ModelProto, device: Device, threads: int | None = None, reuse_memory: bool = True
 ) -> Any:
@@ -102,14 +111,22 @@ def make_session(
     TrainingAgent whose forward outputs are handed to a caller: otherwise the backward writes
     its own tensors into the buffers of those outputs.
     """
+    data = model.SerializeToString()
+    key = (hashlib.sha256(data).digest(), str(device), threads, reuse_memory)
+    if key in _SESSIONS:
+        _SESSIONS.move_to_end(key)
+        return _SESSIONS[key]
     so = C.SessionOptions()
     so.log_severity_level = 3
     so.enable_mem_pattern = reuse_memory
     so.enable_mem_reuse = reuse_memory
     if threads:
         so.intra_op_num_threads = threads
-    sess = C.InferenceSession(so, model.SerializeToString(), False, False)
+    sess = C.InferenceSession(so, data, False, False)
     providers = [p if isinstance(p, str) else p[0] for p in device.providers]
     options = [{} if isinstance(p, str) else p[1] for p in device.providers]
     sess.initialize_session(providers, options, set())
+    _SESSIONS[key] = sess
+    if len(_SESSIONS) > MAX_CACHED_SESSIONS:
+        _SESSIONS.popitem(last=False)
     return sess

@@ -273,3 +273,31 @@ def build_update_graph(
     del g.output[:]
     g.output.extend(outputs)
     return model, sig
+
+
+def cpu_relu_grad(model: ModelProto, elem_type: int) -> ModelProto:
+    """Replaces com.microsoft ReluGrad(dY, X) with Mul(dY, Cast(Greater(X, 0))).
+
+    onnxruntime's CPU ReluGrad branches per element: on activations of mixed signs it ran 36 us
+    for a 200x50 tensor against 11 us for this form (same values: both give 0 where X <= 0).
+    """
+    if not any(n.op_type == "ReluGrad" for n in model.graph.node):
+        return model
+    out = ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    b = NodeBuilder(elem_type, 17, all_names(out), prefix="relugrad_")
+    zero = b.const(0.0, "zero")
+    nodes = list(b.nodes)
+    for node in g.node:
+        if node.op_type != "ReluGrad" or node.domain != "com.microsoft":
+            nodes.append(node)
+            continue
+        dy, x = node.input
+        b.nodes = []
+        mask = b.cast(b.op("Greater", [x, zero], "positive"), hint="mask")
+        b.nodes.append(helper.make_node("Mul", [dy, mask], [node.output[0]], name=b.name("n_Mul")))
+        nodes.extend(b.nodes)
+    del g.node[:]
+    g.node.extend(nodes)
+    return out

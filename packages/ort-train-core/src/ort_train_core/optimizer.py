@@ -12,7 +12,7 @@ from onnx import ModelProto
 from ._binding import CachedBinding, make_session
 from ._data import BatchStore
 from ._fit_loop import TrainingState
-from ._gradient import FusedStepSignature, build_fused_step_graph
+from ._gradient import FusedStepSignature, build_fused_step_graph, cpu_relu_grad
 from ._loss_trainer import LossGraphTrainer
 from ._runner import MAX_PREBOUND_BATCHES, DoubleBufferedRunner, host_ortvalue
 from ._runtime import Device
@@ -97,6 +97,8 @@ class OrtGradientOptimizer(LossGraphTrainer):
             data = [*features, label] + ([weight] if weight else [])
             model = set_batch_dimension(self._trainable_model(), data, batch)
             graph, sig = build_fused_step_graph(model, self.loss_output_name, weights, lr)
+            if device.kind == "cpu":
+                graph = cpu_relu_grad(graph, _loss_elem_type(graph, self.loss_output_name))
             cache[key] = (graph, sig, make_session(graph, device))
         value: tuple[ModelProto, FusedStepSignature, Any] = cache[key]
         return value
@@ -132,6 +134,10 @@ class OrtGradientOptimizer(LossGraphTrainer):
             self.loss_output_name,
             data_names,
         )
+
+
+def _loss_elem_type(model: ModelProto, loss_name: str) -> int:
+    return int(next(o.type.tensor_type.elem_type for o in model.graph.output if o.name == loss_name))
 
 
 class _FusedRunner(DoubleBufferedRunner):

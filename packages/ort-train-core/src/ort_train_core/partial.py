@@ -20,6 +20,7 @@ from ._gradient import (
     build_forward_backward,
     build_loss_gradient_graph,
     build_update_graph,
+    cpu_relu_grad,
 )
 from ._loss_trainer import LossGraphTrainer
 from ._runner import DoubleBufferedRunner, host_ortvalue
@@ -161,6 +162,9 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
         key = ("forward_backward", tuple(weights), str(device))
         if key not in self._graph_cache:
             graphs = build_forward_backward(self._prediction_model(), weights, [])
+            if device.kind == "cpu":
+                inits = {i.name: i.data_type for i in self._model().graph.initializer}
+                graphs.gradient_model = cpu_relu_grad(graphs.gradient_model, inits[weights[0]])
             sess = make_session(graphs.gradient_model, device)
             dev = device.ort_device
             agent = C.TrainingAgent(

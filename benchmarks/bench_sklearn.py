@@ -1,0 +1,421 @@
+"""Estimator benchmark: ``OrtMLPRegressor.fit`` (ort-train-sklearn) against scikit-learn's
+``MLPRegressor.fit`` with the very same parameters.
+
+Cases: two synthetic regression data sets (100k x 20 and 10k x 100, float32, fixed seed,
+standardised target with a non-linear part) x two solvers (``sgd``: momentum 0.9 with Nesterov,
+scikit-learn's defaults; ``adam``). Every case trains ``hidden_layer_sizes=(50,)`` ReLU,
+``batch_size=200``, ``learning_rate_init=0.001`` (constant), ``alpha=1e-4``, 10 epochs.
+
+Equal work:
+
+- ``shuffle=False`` on both: scikit-learn and ort-train shuffle with different random streams,
+  so with ``shuffle=True`` the two would not visit the same batches.
+- both run exactly ``max_iter`` epochs: ours with ``tol=None`` (no stopping rule), scikit-learn
+  with ``tol=0`` and ``n_iter_no_change = max_iter + 1`` (its stopping rule cannot fire);
+  ``early_stopping=False`` on both (no validation split). ``n_iter_`` is checked.
+- the same ``random_state``: both draw the Glorot-uniform initial weights from
+  ``check_random_state(random_state)`` in the same order, so they start from the same weights
+  and, without shuffling, follow the same trajectory up to float32 rounding (and Adam's epsilon,
+  which scikit-learn adds to sqrt(v) before the bias correction of the step, ours after).
+- scikit-learn keeps float32 input in float32 (its MLP preserves the dtype), as ours trains it.
+
+Timing: ``fit`` end to end (time.perf_counter), one untimed warm-up fit per estimator, then the
+best of ``--repeats`` fits, the repeats going round-robin over the two estimators so that a busy
+moment of a shared machine hits both alike. Every ``fit`` of ours builds its graphs and session
+again (``warm_start=False``): that setup is included, and also timed apart (``setup``: initial
+graph, trainer, fused step graph + session, through private methods). us/step = fit time /
+(epochs * batches per epoch). speedup = scikit-learn's fit time / ours.
+
+Quality: ``loss_curve_[-1]`` of both (the last epoch's mean batch loss, penalty included, in
+scikit-learn's scale: 0.5 * MSE + alpha/2 * ||W||^2 / batch), their relative difference, and
+the R2 of both on held-out test rows (20 % as many as the training rows, same distribution).
+
+Target (from the issue): ``OrtMLPRegressor.fit`` >= 2x faster than ``MLPRegressor.fit`` at equal
+final training loss (relative difference <= 5 %), per case.
+
+Run: ``python benchmarks/bench_sklearn.py [--quick] [--out benchmarks/results]``; it writes
+``<host>-<date>-sklearn.json`` and ``.md`` (``-sklearn-quick`` with ``--quick``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import socket
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SEED = 0
+HIDDEN = (50,)
+BATCH = 200
+LEARNING_RATE = 0.001
+ALPHA = 1e-4
+#: "equal final loss": relative difference of the two loss_curve_[-1] at most this
+LOSS_RTOL = 0.05
+#: target speedup (scikit-learn fit time / ours)
+TARGET_SPEEDUP = 2.0
+#: (name, training rows, features); --quick divides the rows by QUICK_ROW_DIVISOR
+DATASETS = [("100k x 20", 100_000, 20), ("10k x 100", 10_000, 100)]
+QUICK_ROW_DIVISOR = 5
+SOLVERS = ("sgd", "adam")
+
+
+# ---- data ---------------------------------------------------------------------------------
+def make_data(n_train: int, n_features: int, seed: int = SEED) -> tuple[np.ndarray, ...]:
+    """(X_train, y_train, X_test, y_test), float32; y is standardised with the training
+    rows' mean and deviation. The target has a linear part, a sine and an interaction."""
+    rng = np.random.default_rng(seed + n_features)
+    n = n_train + n_train // 5
+    X = rng.standard_normal((n, n_features)).astype(np.float32)
+    w = rng.standard_normal(n_features) / np.sqrt(n_features)
+    x = X.astype(np.float64)
+    y = x @ w + np.sin(2.0 * x[:, 0]) + 0.5 * x[:, 1] * x[:, 2] + 0.1 * rng.standard_normal(n)
+    mean, std = y[:n_train].mean(), y[:n_train].std()
+    y = ((y - mean) / std).astype(np.float32)
+    return X[:n_train], y[:n_train], X[n_train:], y[n_train:]
+
+
+# ---- estimators ---------------------------------------------------------------------------
+def common_params(solver: str, epochs: int) -> dict[str, Any]:
+    return dict(
+        hidden_layer_sizes=HIDDEN,
+        activation="relu",
+        solver=solver,
+        alpha=ALPHA,
+        batch_size=BATCH,
+        learning_rate="constant",
+        learning_rate_init=LEARNING_RATE,
+        max_iter=epochs,
+        shuffle=False,
+        random_state=SEED,
+        momentum=0.9,
+        nesterovs_momentum=True,
+        early_stopping=False,
+        beta_1=0.9,
+        beta_2=0.999,
+        epsilon=1e-8,
+        n_iter_no_change=epochs + 1,
+    )
+
+
+def make_estimators(solver: str, epochs: int) -> dict[str, Any]:
+    from sklearn.neural_network import MLPRegressor
+
+    from ort_train_sklearn import OrtMLPRegressor
+
+    params = common_params(solver, epochs)
+    return {
+        "sklearn": MLPRegressor(**params, tol=0.0),
+        "ours": OrtMLPRegressor(**params, tol=None),
+    }
+
+
+def timed_fit(est: Any, X: np.ndarray, y: np.ndarray) -> float:
+    from sklearn.exceptions import ConvergenceWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        t = time.perf_counter()
+        est.fit(X, y)
+        return time.perf_counter() - t
+
+
+def ours_setup_seconds(est: Any, X: np.ndarray) -> float | None:
+    """What each of our fits spends before its first step: initial graph, trainer, fused step
+    graph(s) and session (private methods; None if they changed)."""
+    from sklearn.base import clone
+    from sklearn.utils import check_random_state
+
+    try:
+        fresh = clone(est)
+        n, d = X.shape
+        t = time.perf_counter()
+        rng = check_random_state(fresh.random_state)
+        model = fresh._initial_graph(d, 1, rng)
+        trainer = fresh._make_trainer(model, n, 1, rng)
+        device, lr = trainer._validate_params()
+        trainer._prepare_graphs(device, lr)
+        batch = int(trainer.batch_size)
+        for size in sorted({min(batch, n - s) for s in range(0, n, batch)}):
+            trainer._fused(size, device, lr)
+        return time.perf_counter() - t
+    except (AttributeError, TypeError, ValueError) as exc:
+        print(f"  (setup not measured: {type(exc).__name__}: {exc})", flush=True)
+        return None
+
+
+def run_case(
+    name: str, solver: str, data: tuple[np.ndarray, ...], epochs: int, repeats: int
+) -> dict[str, Any]:
+    X, y, X_test, y_test = data
+    n, d = X.shape
+    steps = epochs * -(-n // BATCH)
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    print(f"[{name}, {solver}] {n} x {d}, {steps} steps", flush=True)
+    ests = make_estimators(solver, epochs)
+    first = {key: timed_fit(est, X, y) for key, est in ests.items()}
+    times: dict[str, list[float]] = {key: [] for key in ests}
+    for _ in range(repeats):
+        for key, est in ests.items():
+            times[key].append(timed_fit(est, X, y))
+    routes: dict[str, dict[str, Any]] = {}
+    for key, est in ests.items():
+        assert est.n_iter_ == epochs, (key, est.n_iter_)
+        t = time.perf_counter()
+        r2 = float(est.score(X_test, y_test))
+        predict_seconds = time.perf_counter() - t
+        best = min(times[key])
+        routes[key] = {
+            "estimator": type(est).__name__,
+            "seconds": best,
+            "times": times[key],
+            "first_fit_seconds": first[key],
+            "us_per_step": 1e6 * best / steps,
+            "final_loss": float(est.loss_curve_[-1]),
+            "loss_curve": [float(v) for v in est.loss_curve_],
+            "test_r2": r2,
+            "score_seconds": predict_seconds,
+            "n_iter": int(est.n_iter_),
+        }
+    routes["ours"]["setup_seconds"] = ours_setup_seconds(ests["ours"], X)
+    sk, ours = routes["sklearn"], routes["ours"]
+    speedup = sk["seconds"] / ours["seconds"]
+    loss_rel_diff = abs(ours["final_loss"] - sk["final_loss"]) / abs(sk["final_loss"])
+    equal_loss = loss_rel_diff <= LOSS_RTOL
+    for r in routes.values():
+        print(
+            f"  {r['estimator']:<16} {1e3 * r['seconds']:9.1f} ms  {r['us_per_step']:8.1f} us/step  "
+            f"loss {r['final_loss']:.6g}  test R2 {r['test_r2']:.4f}",
+            flush=True,
+        )
+    print(f"  speedup {speedup:.2f}x, loss rel. diff {loss_rel_diff:.1e}", flush=True)
+    return {
+        "name": f"{name}, {solver}",
+        "dataset": name,
+        "solver": solver,
+        "n_rows": n,
+        "n_features": d,
+        "n_test_rows": int(X_test.shape[0]),
+        "epochs": epochs,
+        "steps": steps,
+        "routes": routes,
+        "speedup": speedup,
+        "loss_rel_diff": loss_rel_diff,
+        "equal_loss": bool(equal_loss),
+        "pass": bool(equal_loss and speedup >= TARGET_SPEEDUP),
+        "loadavg_1min": [load_before, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
+    }
+
+
+# ---- machine ------------------------------------------------------------------------------
+def machine_info() -> dict[str, Any]:
+    import importlib.metadata as md
+
+    import onnxruntime
+
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    versions: dict[str, str] = {"python": sys.version.split()[0]}
+    for dist in (
+        "numpy",
+        "scipy",
+        "onnx",
+        "onnxruntime-training-cpu",
+        "onnxruntime-training",
+        "scikit-learn",
+        "ort-train-core",
+        "ort-train-sklearn",
+    ):
+        try:
+            versions[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            continue
+    versions["onnxruntime"] = onnxruntime.__version__
+    info: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "logical_cpus": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "versions": versions,
+        "onnxruntime_intra_op_threads": "default (0: one per physical core)",
+    }
+    try:
+        from threadpoolctl import threadpool_info
+
+        info["blas"] = [
+            {k: p.get(k) for k in ("internal_api", "version", "num_threads", "architecture")}
+            for p in threadpool_info()
+        ]
+    except ImportError:
+        pass
+    return info
+
+
+# ---- report -------------------------------------------------------------------------------
+def markdown(report: dict[str, Any]) -> str:
+    m = report["machine"]
+    v = m["versions"]
+    cfg = report["config"]
+    blas = ", ".join(
+        f"{b['internal_api']} {b['version']} ({b['num_threads']} threads)" for b in m.get("blas", [])
+    )
+    lines = [
+        f"# OrtMLPRegressor vs scikit-learn MLPRegressor "
+        f"({report['date']}{', quick' if cfg['quick'] else ''})",
+        "",
+        f"Machine: {m['cpu']}, {m['usable_cpus']} usable CPUs; Python {v['python']}, "
+        f"numpy {v.get('numpy')}{f' ({blas})' if blas else ''}, onnxruntime {v.get('onnxruntime')}, "
+        f"scikit-learn {v.get('scikit-learn')}, ort-train-sklearn {v.get('ort-train-sklearn')}; "
+        "onnxruntime intra-op threads default.",
+        "",
+        "1-minute load average around each case (this benchmark's own threads included): "
+        + ", ".join(
+            f"{c['name']} {c['loadavg_1min'][0]:.1f}-{c['loadavg_1min'][1]:.1f}"
+            for c in report["cases"]
+            if None not in c["loadavg_1min"]
+        )
+        + ".",
+        "",
+        f"Both estimators: hidden_layer_sizes={cfg['hidden_layer_sizes']}, relu, "
+        f"batch_size={cfg['batch_size']}, learning_rate_init={cfg['learning_rate_init']} (constant), "
+        f"alpha={cfg['alpha']}, {cfg['epochs']} epochs exactly, shuffle=False, "
+        f"random_state={cfg['seed']} (same initial weights), float32 data, standardised target; "
+        "sgd = momentum 0.9 Nesterov. Fit time: best of "
+        f"{cfg['repeats']} fit() calls after one warm-up, round-robin. Loss: loss_curve_[-1] "
+        "(scikit-learn's scale, penalty included). R2 on held-out test rows.",
+        "",
+        "| case | steps | sklearn fit ms | ours fit ms | sklearn us/step | ours us/step | speedup | "
+        "sklearn loss | ours loss | loss rel. diff | sklearn test R2 | ours test R2 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in report["cases"]:
+        sk, ours = c["routes"]["sklearn"], c["routes"]["ours"]
+        lines.append(
+            f"| {c['name']} | {c['steps']} | {1e3 * sk['seconds']:.1f} | {1e3 * ours['seconds']:.1f} | "
+            f"{sk['us_per_step']:.1f} | {ours['us_per_step']:.1f} | {c['speedup']:.2f} | "
+            f"{sk['final_loss']:.6g} | {ours['final_loss']:.6g} | {c['loss_rel_diff']:.1e} | "
+            f"{sk['test_r2']:.4f} | {ours['test_r2']:.4f} |"
+        )
+    lines += [
+        "",
+        "Ours apart (ms): setup = initial graph + trainer + fused step graph + session, built "
+        "again by every fit (included in its fit time); first fit = the warm-up; score = "
+        "predict + R2 on the test rows (ours: the first predict builds an inference session).",
+        "",
+        "| case | ours setup | ours first fit | sklearn first fit | ours score | sklearn score |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for c in report["cases"]:
+        sk, ours = c["routes"]["sklearn"], c["routes"]["ours"]
+        setup = "—" if ours["setup_seconds"] is None else f"{1e3 * ours['setup_seconds']:.1f}"
+        lines.append(
+            f"| {c['name']} | {setup} | {1e3 * ours['first_fit_seconds']:.1f} | "
+            f"{1e3 * sk['first_fit_seconds']:.1f} | {1e3 * ours['score_seconds']:.1f} | "
+            f"{1e3 * sk['score_seconds']:.1f} |"
+        )
+    lines += [
+        "",
+        f"Target: OrtMLPRegressor.fit >= {TARGET_SPEEDUP:g}x faster than MLPRegressor.fit at equal "
+        f"final training loss (relative difference <= {LOSS_RTOL:.0%}):",
+        "",
+        "| case | speedup | equal loss | result |",
+        "|---|---:|---|---|",
+    ]
+    if cfg["quick"]:
+        lines[-4:-4] = [
+            "Quick run: few steps per fit, so each fit's setup weighs far more than in the full run; "
+            "the target applies to the full run.",
+            "",
+        ]
+    for c in report["cases"]:
+        lines.append(
+            f"| {c['name']} | {c['speedup']:.2f} (>= {TARGET_SPEEDUP:g}) | "
+            f"{'yes' if c['equal_loss'] else 'no'} ({c['loss_rel_diff']:.1e}) | "
+            f"{'PASS' if c['pass'] else 'MISS'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+# ---- main ---------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument(
+        "--quick", action="store_true", help=f"rows / {QUICK_ROW_DIVISOR}, 3 epochs, 3 repeats"
+    )
+    parser.add_argument(
+        "--out",
+        default=str(Path(__file__).resolve().parent / "results"),
+        help="folder for the JSON and Markdown results",
+    )
+    parser.add_argument("--epochs", type=int, default=None, help="override the number of epochs")
+    parser.add_argument("--repeats", type=int, default=None, help="override the repeats")
+    args = parser.parse_args(argv)
+
+    epochs = args.epochs or (3 if args.quick else 10)
+    repeats = args.repeats or (3 if args.quick else 5)
+
+    import ort_train_sklearn  # noqa: F401  (fails early, with its fix, without a runtime)
+
+    cases = []
+    for name, n_rows, n_features in DATASETS:
+        n = n_rows // QUICK_ROW_DIVISOR if args.quick else n_rows
+        data = make_data(n, n_features)
+        for solver in SOLVERS:
+            cases.append(run_case(name, solver, data, epochs, repeats))
+
+    date = datetime.date.today().isoformat()
+    report = {
+        "date": date,
+        "config": {
+            "quick": args.quick,
+            "datasets": [
+                {"name": name, "n_rows": n // QUICK_ROW_DIVISOR if args.quick else n, "n_features": d}
+                for name, n, d in DATASETS
+            ],
+            "solvers": list(SOLVERS),
+            "hidden_layer_sizes": list(HIDDEN),
+            "batch_size": BATCH,
+            "learning_rate_init": LEARNING_RATE,
+            "alpha": ALPHA,
+            "epochs": epochs,
+            "repeats": repeats,
+            "seed": SEED,
+            "dtype": "float32",
+            "shuffle": False,
+            "loss_rtol": LOSS_RTOL,
+            "target_speedup": TARGET_SPEEDUP,
+        },
+        "machine": machine_info(),
+        "cases": cases,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    host = re.sub(r"[^A-Za-z0-9_.-]", "", socket.gethostname()) or "machine"
+    stem = f"{host}-{date}-sklearn{'-quick' if args.quick else ''}"
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / f"{stem}.md").write_text(markdown(report))
+    print()
+    print(markdown(report))
+    print(f"wrote {out / stem}.json and .md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
