@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
 import onnx
-from onnx import ModelProto, helper
+from onnx import ModelProto, helper, numpy_helper
 
 from ._builder import NodeBuilder
 from ._runtime import C
@@ -300,4 +301,66 @@ def cpu_relu_grad(model: ModelProto, elem_type: int) -> ModelProto:
         nodes.extend(b.nodes)
     del g.node[:]
     g.node.extend(nodes)
+    return out
+
+
+def cpu_row_sums(model: ModelProto, elem_type: int) -> ModelProto:
+    """Replaces ReduceSum(X, axes=[0]) of a 2-D X whose shape is fixed, [B, N] with N > 1, by
+    MatMul(ones(B), X) (ones(1, B) with keepdims): the bias gradients of the fused graph, whose
+    batch dimension is fixed. Same sums.
+
+    onnxruntime's CPU ReduceSum over a strided leading axis is slow: 8.2 us against 3.6 for
+    200x50, 25 against 5 for 200x200, 8.1 against 4.9 for 1000x10 (one thread). With N = 1 the
+    sum is contiguous and ReduceSum is about 1 us faster: those stay, as does any sum whose input
+    shape the graph does not record.
+    """
+    g = model.graph
+    sums = {k: n for k, n in enumerate(g.node) if n.op_type == "ReduceSum"}
+    if elem_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE) or not sums:
+        return model
+    # the shapes onnxruntime's gradient builder recorded (onnx's shape inference costs ~2 ms)
+    wanted = {n.input[0] for n in sums.values()}
+    shapes = {
+        vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        for vi in [*g.input, *g.value_info]
+        if vi.name in wanted and vi.type.tensor_type.elem_type == elem_type
+    }
+    axes_inputs = {n.input[1] for n in sums.values() if len(n.input) > 1}
+    consts = {i.name: numpy_helper.to_array(i) for i in g.initializer if i.name in axes_inputs}
+    consts.update(
+        (n.output[0], numpy_helper.to_array(n.attribute[0].t))
+        for n in g.node
+        if n.op_type == "Constant" and n.output[0] in axes_inputs and n.attribute[0].name == "value"
+    )
+
+    def batch_rows(node: onnx.NodeProto) -> tuple[int, int] | None:
+        """(B, keepdims) when ``node`` sums a fixed [B, N] over its first axis."""
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if len(node.input) > 1:
+            if node.input[1] not in consts:
+                return None
+            axes = [int(a) for a in np.atleast_1d(consts[node.input[1]])]
+        else:
+            axes = list(attrs.get("axes", []))
+        shape = shapes.get(node.input[0])
+        if axes not in ([0], [-2]) or not shape or len(shape) != 2 or shape[0] < 1 or shape[1] < 2:
+            return None
+        return shape[0], int(attrs.get("keepdims", 1))
+
+    found = {k: r for k, n in sums.items() if (r := batch_rows(n))}
+    if not found:
+        return model
+    out = ModelProto()
+    out.CopyFrom(model)
+    b = NodeBuilder(elem_type, 17, all_names(out), prefix="rowsum_")
+    ones: dict[tuple[int, int], str] = {}
+    nodes = list(out.graph.node)
+    for k, (rows, keepdims) in found.items():
+        if (rows, keepdims) not in ones:
+            ones[rows, keepdims] = b.const(np.ones((1, rows) if keepdims else (rows,)), "ones")
+        node = nodes[k]
+        matmul = [ones[rows, keepdims], node.input[0]]
+        nodes[k] = helper.make_node("MatMul", matmul, list(node.output), name=b.name("n_MatMul"))
+    del out.graph.node[:]
+    out.graph.node.extend([*b.nodes, *nodes])  # b.nodes: the Constant ones, first
     return out
