@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import initializers, linear_sgd_reference
+from core_models import initializers, linear_sgd_reference
 
 import ort_train_core._runner as runner_module
 import ort_train_core.optimizer as optimizer_module

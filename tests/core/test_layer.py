@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 import reference as ref
-from conftest import IR_VERSION, OPSET, build_linear, build_mlp, initializers
+from core_models import IR_VERSION, OPSET, build_linear, build_mlp, initializers
 from onnx import TensorProto, helper, numpy_helper
 
 from ort_train_core import OrtGradientForwardBackward

@@ -15,7 +15,7 @@ import onnx
 import onnxruntime
 import pytest
 import reference as ref
-from conftest import IR_VERSION, OPSET, build_linear, build_mlp, initializers, linear_sgd_reference
+from core_models import IR_VERSION, OPSET, build_linear, build_mlp, initializers, linear_sgd_reference
 from onnx import TensorProto, helper, numpy_helper
 
 import ort_train_core as otc

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import build_linear, initializers
+from core_models import build_linear, initializers
 
 from ort_train_core import (
     ElasticLearningPenalty,

@@ -200,8 +200,10 @@ class BaseOrtTrainer(ParamsMixin):
         n_batches = len(store.bounds)
         losses = np.empty(n_batches, dtype=np.float64)
         stopped_early = interrupted = False
+        step, isfinite = runner.step, math.isfinite  # locals: the per-step path is a few us
         try:
             with _catch_sigint() as flag:
+                stop_requested = flag.is_set
                 for _ in range(n_epochs):
                     epoch = self.n_iter_
                     order = self._rng.permutation(store.n) if self.shuffle else None
@@ -211,8 +213,8 @@ class BaseOrtTrainer(ParamsMixin):
                     runner.set_epoch(epoch)
                     done = 0
                     for i in range(n_batches):
-                        loss = runner.step(i)
-                        if not math.isfinite(loss):
+                        loss = step(i)
+                        if not isfinite(loss):
                             runner.restore(snapshot)
                             self._state = snapshot
                             raise ConvergenceError(
@@ -224,7 +226,7 @@ class BaseOrtTrainer(ParamsMixin):
                             )
                         losses[i] = loss
                         done += 1
-                        if flag.is_set():
+                        if stop_requested():
                             break
                     if done < n_batches:  # Ctrl-C: keep the steps taken, record no epoch
                         interrupted = True
