@@ -30,3 +30,30 @@ def test_binding_paths_follow_numpy_sgd(monkeypatch, linear_loss_model, linear_d
         assert not np.allclose(value, start[name])
         np.testing.assert_allclose(state[name], value, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(trainer.train_losses_, history, rtol=1e-4)
+
+
+def test_trainers_of_one_architecture_share_fused_graphs(monkeypatch, make_linear, linear_data):
+    """A second trainer over the same architecture (other initial weights) reuses the fused
+    graphs of the first without building them again, and still follows its own numpy
+    trajectory."""
+    import ort_train_core
+
+    built: list[int] = []
+    original = optimizer_module.build_fused_step_graph
+
+    def counting(*args, **kwargs):
+        built.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(optimizer_module, "build_fused_step_graph", counting)
+    monkeypatch.setattr(optimizer_module, "_FUSED_GRAPHS", type(optimizer_module._FUSED_GRAPHS)())
+    X, y = linear_data
+    for seed, expected_builds in ((0, 2), (1, 2)):  # batch 10 and the last batch of 3
+        model = ort_train_core.add_loss_output(make_linear(seed=seed))
+        start = initializers(model)
+        trainer = OrtGradientOptimizer(model, max_iter=3, batch_size=10, learning_rate=0.05, shuffle=False)
+        trainer.fit(X, y)
+        assert len(built) == expected_builds
+        expected, _ = linear_sgd_reference(start, X, y, eta=0.05, batch_size=10, epochs=3)
+        for name, value in expected.items():
+            np.testing.assert_allclose(trainer.get_state()[name], value, rtol=1e-4, atol=1e-6)

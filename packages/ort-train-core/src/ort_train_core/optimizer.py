@@ -3,7 +3,9 @@ loss, backward and the update of weights and optimizer states (the fused step gr
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +31,41 @@ from .learning_rate import BaseLearningRate
 #: saves. Measured on 2 cores: 5-25 % less per step up to about 1.1e6 (the MLPs of
 #: bench_sklearn.py: 200 x 5101 and 200 x 1101), even at 2e6, 5-20 % more from 4e6 on.
 CPU_ONE_THREAD_MAX_WORK = 1_500_000
+
+
+#: fused graphs built in this process, by (trainable graph, loss, weights, batch, learning rate,
+#: device): a new trainer over the same architecture (a scikit-learn fit, a grid-search
+#: candidate) skips the gradient builder (5-10 ms for an MLP); the sessions are cached apart
+_FUSED_GRAPHS: OrderedDict[tuple[Any, ...], tuple[ModelProto, FusedStepSignature, int | None]] = OrderedDict()
+MAX_CACHED_FUSED_GRAPHS = 32
+
+
+def fused_step_graph(
+    model: ModelProto,
+    loss_name: str,
+    weights: Sequence[str],
+    batch: int,
+    device: Device,
+    lr: BaseLearningRate,
+) -> tuple[ModelProto, FusedStepSignature, int | None]:
+    """The fused step graph of ``model`` (weights as inputs, batch dimension fixed) for
+    ``device``, with the intra-op thread count its session should use (None: default)."""
+    digest = hashlib.sha256(model.SerializeToString()).digest()
+    key = (digest, loss_name, tuple(weights), batch, str(device), repr(lr))
+    if key in _FUSED_GRAPHS:
+        _FUSED_GRAPHS.move_to_end(key)
+        return _FUSED_GRAPHS[key]
+    graph, sig = build_fused_step_graph(model, loss_name, weights, lr)
+    threads = None
+    if device.kind == "cpu":
+        elem_type = _loss_elem_type(graph, loss_name)
+        graph = cpu_row_sums(cpu_relu_grad(graph, elem_type), elem_type)
+        if batch * _n_values(graph, sig.weights) <= CPU_ONE_THREAD_MAX_WORK:
+            threads = 1
+    _FUSED_GRAPHS[key] = (graph, sig, threads)
+    if len(_FUSED_GRAPHS) > MAX_CACHED_FUSED_GRAPHS:
+        _FUSED_GRAPHS.popitem(last=False)
+    return graph, sig, threads
 
 
 class OrtGradientOptimizer(LossGraphTrainer):
@@ -103,13 +140,7 @@ class OrtGradientOptimizer(LossGraphTrainer):
             weights, label, weight, features = self._names()
             data = [*features, label] + ([weight] if weight else [])
             model = set_batch_dimension(self._trainable_model(), data, batch)
-            graph, sig = build_fused_step_graph(model, self.loss_output_name, weights, lr)
-            threads = None
-            if device.kind == "cpu":
-                elem_type = _loss_elem_type(graph, self.loss_output_name)
-                graph = cpu_row_sums(cpu_relu_grad(graph, elem_type), elem_type)
-                if batch * _n_values(graph, sig.weights) <= CPU_ONE_THREAD_MAX_WORK:
-                    threads = 1
+            graph, sig, threads = fused_step_graph(model, self.loss_output_name, weights, batch, device, lr)
             cache[key] = (graph, sig, make_session(graph, device, threads=threads))
         value: tuple[ModelProto, FusedStepSignature, Any] = cache[key]
         return value
