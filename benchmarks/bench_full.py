@@ -699,13 +699,16 @@ def markdown(report: dict[str, Any]) -> str:
     m = report["machine"]
     v = m["versions"]
     cfg = report["config"]
+    from ort_train_core.optimizer import CPU_ONE_THREAD_MAX_WORK as one_thread_max
+
     lines = [
         f"# Training loop benchmark ({report['date']}{', quick' if cfg['quick'] else ''})",
         "",
         f"Machine: {m['cpu']}, {m['usable_cpus']} usable CPUs; Python {v['python']}, "
         f"numpy {v.get('numpy')}, onnxruntime {v.get('onnxruntime')}, torch {v.get('torch')}, "
         f"scikit-learn {v.get('scikit-learn')}; torch threads {m['torch_threads']}, "
-        "onnxruntime intra-op threads default.",
+        "onnxruntime intra-op threads: one for a fused step whose batch rows x trained values is "
+        f"at most {one_thread_max:.1e} (every case here), the default for other sessions.",
         "",
         "1-minute load average around each case (other processes on the machine): "
         + ", ".join(

@@ -278,6 +278,8 @@ def markdown(report: dict[str, Any]) -> str:
     blas = ", ".join(
         f"{b['internal_api']} {b['version']} ({b['num_threads']} threads)" for b in m.get("blas", [])
     )
+    from ort_train_core.optimizer import CPU_ONE_THREAD_MAX_WORK as one_thread_max
+
     lines = [
         f"# OrtMLPRegressor vs scikit-learn MLPRegressor "
         f"({report['date']}{', quick' if cfg['quick'] else ''})",
@@ -285,7 +287,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"Machine: {m['cpu']}, {m['usable_cpus']} usable CPUs; Python {v['python']}, "
         f"numpy {v.get('numpy')}{f' ({blas})' if blas else ''}, onnxruntime {v.get('onnxruntime')}, "
         f"scikit-learn {v.get('scikit-learn')}, ort-train-sklearn {v.get('ort-train-sklearn')}; "
-        "onnxruntime intra-op threads default.",
+        "onnxruntime intra-op threads: one for a fused step whose batch rows x trained values is "
+        f"at most {one_thread_max:.1e} (every case here), the default for other sessions.",
         "",
         "1-minute load average around each case (this benchmark's own threads included): "
         + ", ".join(
