@@ -1,0 +1,249 @@
+"""``OnnxModule``: an ONNX graph as a layer of a torch model.
+
+Forward and backward run through ort-train-core's :class:`OrtGradientForwardBackward` (a
+TrainingAgent over the graph onnxruntime-training builds); tensors cross over by DLPack without
+copies. The module owns the trained initializers as ``nn.Parameter``s, so torch optimisers,
+``state_dict``, ``.to(device)`` and DistributedDataParallel treat it like any other layer.
+"""
+
+from __future__ import annotations
+
+import keyword
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from onnx import ModelProto, TensorProto
+from torch import nn
+from torch.autograd.function import FunctionCtx, once_differentiable
+
+from ort_train_core import OrtGradientForwardBackward
+from ort_train_core._runtime import C
+from ort_train_core.forward_backward import PendingForward
+from ort_train_core.graph import initializer_values, inputs_to_initializers, normalise_model
+
+#: ONNX element types and the torch dtypes that carry them
+_TORCH_DTYPES: dict[int, torch.dtype] = {
+    TensorProto.FLOAT: torch.float32,
+    TensorProto.DOUBLE: torch.float64,
+    TensorProto.FLOAT16: torch.float16,
+    TensorProto.BFLOAT16: torch.bfloat16,
+    TensorProto.INT64: torch.int64,
+    TensorProto.INT32: torch.int32,
+    TensorProto.INT16: torch.int16,
+    TensorProto.INT8: torch.int8,
+    TensorProto.UINT8: torch.uint8,
+    TensorProto.BOOL: torch.bool,
+}
+
+
+def ortvalue_from_tensor(tensor: torch.Tensor) -> Any:
+    """An OrtValue over the tensor's memory (no copy; it keeps the storage alive).
+
+    A non-contiguous tensor is made contiguous first (a copy), as onnxruntime reads dense
+    row-major buffers. onnxruntime refuses DLPack bool tensors: they go as uint8 flagged bool.
+    """
+    t = tensor.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if t.dtype == torch.bool:
+        return C.OrtValue.from_dlpack(t.to(torch.uint8).__dlpack__(), True)
+    return C.OrtValue.from_dlpack(t.__dlpack__(), False)
+
+
+def tensor_from_ortvalue(value: Any) -> torch.Tensor:
+    """A torch tensor over an OrtValue's memory (no copy)."""
+    tensor = torch.utils.dlpack.from_dlpack(value.to_dlpack())
+    if value.data_type() == "tensor(bool)" and tensor.dtype != torch.bool:
+        tensor = tensor.to(torch.bool)
+    return tensor
+
+
+def _load(model_onnx: Any) -> ModelProto:
+    if isinstance(model_onnx, ModelProto):
+        return model_onnx
+    if isinstance(model_onnx, bytes | bytearray):
+        return onnx.load_from_string(bytes(model_onnx))
+    if isinstance(model_onnx, str | os.PathLike):
+        return onnx.load(os.fspath(model_onnx))
+    raise TypeError(
+        f"model_onnx must be an onnx.ModelProto, serialized bytes or a path, not {type(model_onnx).__name__}"
+    )
+
+
+def _attribute_names(onnx_names: Sequence[str]) -> list[str]:
+    """Valid, distinct Python identifiers for parameter attributes (ONNX allows '.', '/', ':'),
+    none shadowing an attribute of ``nn.Module``."""
+    taken = set(dir(nn.Module))
+    out = []
+    for name in onnx_names:
+        base = re.sub(r"\W", "_", name) or "weight"
+        if base[0].isdigit() or keyword.iskeyword(base):
+            base = f"w_{base}"
+        candidate, k = base, 0
+        while candidate in taken:
+            k += 1
+            candidate = f"{base}_{k}"
+        taken.add(candidate)
+        out.append(candidate)
+    return out
+
+
+class _OnnxFunction(torch.autograd.Function):
+    """Forward through the TrainingAgent; backward hands it the output gradients."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: FunctionCtx, fb: OrtGradientForwardBackward, needs_grad: tuple[bool, ...], *args: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        n_inputs = len(needs_grad)
+        feeds = [ortvalue_from_tensor(t) for t in args]
+        outputs = fb.forward(feeds[:n_inputs], training=True, weights=feeds[n_inputs:])
+        pending = fb.pop_pending()
+        results = tuple(tensor_from_ortvalue(o) for o in outputs)
+        c: Any = ctx
+        c.fb, c.pending, c.needs_grad = fb, pending, needs_grad
+        c.output_meta = [(r.shape, r.dtype, r.device) for r in results]
+        frozen = [r for r in results if not r.is_floating_point()]
+        if frozen:
+            ctx.mark_non_differentiable(*frozen)
+        return results
+
+    @staticmethod
+    @once_differentiable  # type: ignore[misc]
+    def backward(ctx: FunctionCtx, *grad_outputs: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        c: Any = ctx
+        fb: OrtGradientForwardBackward = c.fb
+        pending: PendingForward | None = c.pending
+        if pending is None:
+            raise RuntimeError(
+                "OnnxModule: backward ran twice through the same forward; onnxruntime frees its "
+                "state after one backward (retain_graph is not supported)"
+            )
+        c.pending = None
+        grads = []
+        for g, (shape, dtype, device) in zip(grad_outputs, c.output_meta):
+            if g is None or not dtype.is_floating_point:
+                g = torch.zeros(shape, dtype=dtype if dtype.is_floating_point else torch.float32, device=device)
+            grads.append(ortvalue_from_tensor(g))
+        results = [tensor_from_ortvalue(v) for v in fb.backward(grads, pending)]
+        n_input_grads = len(fb.input_names_requiring_grad)
+        input_grads = iter(results[:n_input_grads])
+        out: list[torch.Tensor | None] = [None, None]
+        out.extend(next(input_grads) if needed else None for needed in c.needs_grad)
+        out.extend(results[n_input_grads:])
+        return tuple(out)
+
+
+class OnnxModule(nn.Module):
+    """An ONNX graph as a ``torch.nn.Module``.
+
+    The float initializers the outputs depend on (or ``weights_to_train``) become
+    ``nn.Parameter``s; their attribute names are the ONNX names made valid Python identifiers
+    (``onnx_names`` maps them back). ``forward(*tensors)`` takes the graph's inputs in order and
+    returns its output, or a tuple when the graph has several.
+
+    With gradients enabled, in training mode, and some input or parameter requiring one, the
+    forward keeps onnxruntime's state for the backward, which returns gradients for the inputs
+    that require them and for the parameters. Otherwise (``eval()``, ``torch.no_grad()``) an
+    inference session runs and nothing is kept. One forward/backward graph is built per device
+    and per set of inputs requiring a gradient, on first use.
+    """
+
+    def __init__(self, model_onnx: ModelProto | bytes | str | os.PathLike[str], weights_to_train: Sequence[str] | None = None) -> None:
+        super().__init__()
+        model = normalise_model(_load(model_onnx))
+        # built on CPU with no input gradient: checks the graph and the weights now, not at the
+        # first forward; it also serves that common case later
+        probe = OrtGradientForwardBackward(model, weights_to_train, device="cpu")
+        self._model = model
+        self.input_names: list[str] = list(probe.input_names)
+        self.output_names: list[str] = list(probe.output_names)
+        weights = list(probe.weights_to_train)
+        graph_inputs = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
+        self._input_dtypes = [_TORCH_DTYPES.get(graph_inputs[n]) for n in self.input_names]
+        attrs = _attribute_names(weights)
+        self.onnx_names: dict[str, str] = dict(zip(attrs, weights))
+        values = initializer_values(model, weights)
+        for attr, name in self.onnx_names.items():
+            self.register_parameter(attr, nn.Parameter(torch.from_numpy(np.array(values[name], copy=True))))
+        self._graphs: dict[tuple[str, tuple[str, ...]], OrtGradientForwardBackward] = {("cpu", ()): probe}
+
+    # ---- pickling / copying: onnxruntime objects are rebuilt on first use --------------------
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_graphs"] = {}
+        return state
+
+    def extra_repr(self) -> str:
+        return f"inputs={self.input_names}, outputs={self.output_names}, parameters={list(self.onnx_names.values())}"
+
+    # ---- forward --------------------------------------------------------------------------
+    def _forward_backward(self, device: torch.device, requiring: tuple[str, ...]) -> OrtGradientForwardBackward:
+        key = (_ort_device(device), requiring)
+        if key not in self._graphs:
+            self._graphs[key] = OrtGradientForwardBackward(
+                self._model,
+                list(self.onnx_names.values()),
+                device=key[0],
+                input_names_requiring_grad=list(requiring),
+            )
+        return self._graphs[key]
+
+    def _check_inputs(self, inputs: Sequence[Any], device: torch.device) -> None:
+        if len(inputs) != len(self.input_names):
+            raise TypeError(
+                f"OnnxModule.forward takes {len(self.input_names)} tensor(s) {self.input_names}, got {len(inputs)}"
+            )
+        for k, (name, t, dtype) in enumerate(zip(self.input_names, inputs, self._input_dtypes)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"input {k} ({name!r}) must be a torch.Tensor, not {type(t).__name__}")
+            if dtype is not None and t.dtype != dtype:
+                raise TypeError(
+                    f"input {k} ({name!r}) must be {dtype}, got {t.dtype}; convert it (e.g. x.to({dtype}))"
+                )
+            if t.device != device:
+                raise ValueError(
+                    f"input {k} ({name!r}) is on {t.device} but the module's parameters are on {device}; "
+                    "move one of them (module.to(device) or x.to(device))"
+                )
+
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        params = list(self.parameters(recurse=False))
+        device = params[0].device if params else (inputs[0].device if inputs else torch.device("cpu"))
+        self._check_inputs(inputs, device)
+        needs_grad = tuple(bool(t.requires_grad) and t.is_floating_point() for t in inputs)
+        training = torch.is_grad_enabled() and self.training and (any(needs_grad) or any(p.requires_grad for p in params))
+        if training:
+            requiring = tuple(n for n, needed in zip(self.input_names, needs_grad) if needed)
+            fb = self._forward_backward(device, requiring)
+            outputs: tuple[torch.Tensor, ...] = _OnnxFunction.apply(fb, needs_grad, *inputs, *params)
+        else:
+            fb = self._forward_backward(device, ())
+            feeds = [ortvalue_from_tensor(t) for t in (*inputs, *params)]
+            n = len(inputs)
+            outputs = tuple(tensor_from_ortvalue(o) for o in fb.forward(feeds[:n], training=False, weights=feeds[n:]))
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    # ---- export -----------------------------------------------------------------------------
+    def to_onnx(self) -> ModelProto:
+        """The graph with the current parameter values as its initializers."""
+        values = {name: getattr(self, attr).detach().cpu().numpy() for attr, name in self.onnx_names.items()}
+        model: ModelProto = inputs_to_initializers(self._model, values)
+        return model
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes :meth:`to_onnx` to ``path``."""
+        onnx.save(self.to_onnx(), os.fspath(path))
+
+
+def _ort_device(device: torch.device) -> str:
+    if device.type == "cpu":
+        return "cpu"
+    if device.type == "cuda":
+        return f"cuda:{device.index if device.index is not None else torch.cuda.current_device()}"
+    raise ValueError(f"OnnxModule runs on cpu or cuda devices, not {device}")
