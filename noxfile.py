@@ -19,7 +19,7 @@ nox.options.sessions = ["lint", "typecheck", "tests"]
 
 ROOT = pathlib.Path(__file__).parent
 PYTHONS = ["3.10", "3.11", "3.12"]
-PACKAGES = ["ort-train-core", "ort-train-sklearn"]
+PACKAGES = ["ort-train-core", "ort-train-sklearn", "ort-train-torch"]
 # pip takes the CPU build of torch from local disk only with this exact pin (Python 3.11); any
 # looser spec downloads a multi-GB CUDA build. Other interpreters test without torch.
 TORCH = "torch==2.13.0; python_version == '3.11'"
@@ -34,6 +34,8 @@ def _install_core(session: nox.Session, device: str = "cpu") -> None:
 TEST_SUITES = {
     "core": (["ort-train-core"], ["scikit-learn", "skl2onnx", TORCH], "tests/core"),
     "sklearn": (["ort-train-core", "ort-train-sklearn"], [], "tests/sklearn_adapter"),
+    # torch first, pinned: the adapter's own `torch>=2.1` would otherwise fetch a CUDA build
+    "torch": (["ort-train-core", "ort-train-torch"], [TORCH], "tests/torch_adapter"),
 }
 
 
@@ -47,7 +49,11 @@ def tests(session: nox.Session, package: str, device: str) -> None:
             session.skip("no NVIDIA GPU on this machine: the cuda tests run where one exists")
         if session.python != "3.11":
             session.skip("onnxruntime-training (CUDA) has wheels for Python <= 3.11 only")
+    if package == "torch" and session.python != "3.11":
+        session.skip("torch==2.13.0 (CPU build) is provided for Python 3.11 only on this machine class")
     (core, *adapters), extra, folder = TEST_SUITES[package]
+    if package == "torch":
+        session.install(TORCH)
     session.install("-e", f"packages/{core}[{device}]")
     for dist in adapters:
         session.install("-e", f"packages/{dist}")
@@ -66,9 +72,9 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def typecheck(session: nox.Session) -> None:
-    session.install("mypy", "numpy")
+    session.install("mypy", "numpy", TORCH)
     _install_core(session)
-    session.install("-e", "packages/ort-train-sklearn")
+    session.install("-e", "packages/ort-train-sklearn", "-e", "packages/ort-train-torch")
     session.run("mypy")
 
 
@@ -82,13 +88,14 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
-    """Benchmarks against numpy, torch and scikit-learn (the training loops, then
-    OrtMLPRegressor against MLPRegressor); `-- --quick` for a short run."""
+    """Benchmarks against numpy, torch and scikit-learn (the training loops, OrtMLPRegressor
+    against MLPRegressor, OnnxModule against a torch module); `-- --quick` for a short run."""
     _install_core(session)
-    session.install("-e", "packages/ort-train-sklearn")
     session.install("scikit-learn", "skl2onnx", "torch==2.13.0")
+    session.install("-e", "packages/ort-train-sklearn", "-e", "packages/ort-train-torch")
     session.run("python", "benchmarks/bench_full.py", *session.posargs)
     session.run("python", "benchmarks/bench_sklearn.py", *session.posargs)
+    session.run("python", "benchmarks/bench_torch.py", *session.posargs)
 
 
 @nox.session(python="3.11")
@@ -121,13 +128,16 @@ def build(session: nox.Session) -> None:
         # without an extra, no runtime: the import must fail with the fix in its message
         # siblings are pinned to the same version: pip finds them among the wheels just built
         links = [arg for d in PACKAGES for arg in ("--find-links", str(dist / d))]
-        session.run(py, "-m", "pip", "install", "-q", *links, str(wheel), external=True)
+        # the local CPU build of torch, pinned, before anything that depends on torch
+        pins = ["torch==2.13.0"] if package == "ort-train-torch" else []
+        session.run(py, "-m", "pip", "install", "-q", *links, *pins, str(wheel), external=True)
         session.run(py, "-c", _EXPECT_RUNTIME_ERROR.format(module=module), external=True)
-        session.run(py, "-m", "pip", "install", "-q", *links, f"{wheel}[cpu]", external=True)
+        session.run(py, "-m", "pip", "install", "-q", *links, *pins, f"{wheel}[cpu]", external=True)
+        torch_check = "" if package == "ort-train-torch" else "; assert 'torch' not in sys.modules"
         session.run(
             py,
             "-c",
-            f"import {module}, sys; print({module}.__version__); assert 'torch' not in sys.modules",
+            f"import {module}, sys; print({module}.__version__){torch_check}",
             external=True,
         )
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import onnx
@@ -15,7 +16,7 @@ def torch_mlp(sizes: Sequence[int], seed: int = 0) -> nn.Sequential:
     """Linear -> ReLU -> ... -> Linear with torch's default initialisation under ``seed``."""
     torch.manual_seed(seed)
     layers: list[nn.Module] = []
-    for k, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+    for k, (fan_in, fan_out) in enumerate(itertools.pairwise(sizes)):
         layers.append(nn.Linear(fan_in, fan_out))
         if k < len(sizes) - 2:
             layers.append(nn.ReLU())

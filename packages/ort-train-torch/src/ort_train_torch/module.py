@@ -97,7 +97,7 @@ class _OnnxFunction(torch.autograd.Function):
     """Forward through the TrainingAgent; backward hands it the output gradients."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: FunctionCtx, fb: OrtGradientForwardBackward, needs_grad: tuple[bool, ...], *args: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
         n_inputs = len(needs_grad)
@@ -114,7 +114,7 @@ class _OnnxFunction(torch.autograd.Function):
         return results
 
     @staticmethod
-    @once_differentiable  # type: ignore[misc]
+    @once_differentiable
     def backward(ctx: FunctionCtx, *grad_outputs: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         c: Any = ctx
         fb: OrtGradientForwardBackward = c.fb
@@ -128,7 +128,9 @@ class _OnnxFunction(torch.autograd.Function):
         grads = []
         for g, (shape, dtype, device) in zip(grad_outputs, c.output_meta):
             if g is None or not dtype.is_floating_point:
-                g = torch.zeros(shape, dtype=dtype if dtype.is_floating_point else torch.float32, device=device)
+                g = torch.zeros(
+                    shape, dtype=dtype if dtype.is_floating_point else torch.float32, device=device
+                )
             grads.append(ortvalue_from_tensor(g))
         results = [tensor_from_ortvalue(v) for v in fb.backward(grads, pending)]
         n_input_grads = len(fb.input_names_requiring_grad)
@@ -154,7 +156,11 @@ class OnnxModule(nn.Module):
     and per set of inputs requiring a gradient, on first use.
     """
 
-    def __init__(self, model_onnx: ModelProto | bytes | str | os.PathLike[str], weights_to_train: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        model_onnx: ModelProto | bytes | str | os.PathLike[str],
+        weights_to_train: Sequence[str] | None = None,
+    ) -> None:
         super().__init__()
         model = normalise_model(_load(model_onnx))
         # built on CPU with no input gradient: checks the graph and the weights now, not at the
@@ -180,10 +186,13 @@ class OnnxModule(nn.Module):
         return state
 
     def extra_repr(self) -> str:
-        return f"inputs={self.input_names}, outputs={self.output_names}, parameters={list(self.onnx_names.values())}"
+        names = list(self.onnx_names.values())
+        return f"inputs={self.input_names}, outputs={self.output_names}, parameters={names}"
 
     # ---- forward --------------------------------------------------------------------------
-    def _forward_backward(self, device: torch.device, requiring: tuple[str, ...]) -> OrtGradientForwardBackward:
+    def _forward_backward(
+        self, device: torch.device, requiring: tuple[str, ...]
+    ) -> OrtGradientForwardBackward:
         key = (_ort_device(device), requiring)
         if key not in self._graphs:
             self._graphs[key] = OrtGradientForwardBackward(
@@ -197,7 +206,8 @@ class OnnxModule(nn.Module):
     def _check_inputs(self, inputs: Sequence[Any], device: torch.device) -> None:
         if len(inputs) != len(self.input_names):
             raise TypeError(
-                f"OnnxModule.forward takes {len(self.input_names)} tensor(s) {self.input_names}, got {len(inputs)}"
+                f"OnnxModule.forward takes {len(self.input_names)} tensor(s) {self.input_names}, "
+                f"got {len(inputs)}"
             )
         for k, (name, t, dtype) in enumerate(zip(self.input_names, inputs, self._input_dtypes)):
             if not isinstance(t, torch.Tensor):
@@ -217,16 +227,22 @@ class OnnxModule(nn.Module):
         device = params[0].device if params else (inputs[0].device if inputs else torch.device("cpu"))
         self._check_inputs(inputs, device)
         needs_grad = tuple(bool(t.requires_grad) and t.is_floating_point() for t in inputs)
-        training = torch.is_grad_enabled() and self.training and (any(needs_grad) or any(p.requires_grad for p in params))
+        training = (
+            torch.is_grad_enabled()
+            and self.training
+            and (any(needs_grad) or any(p.requires_grad for p in params))
+        )
         if training:
             requiring = tuple(n for n, needed in zip(self.input_names, needs_grad) if needed)
             fb = self._forward_backward(device, requiring)
-            outputs: tuple[torch.Tensor, ...] = _OnnxFunction.apply(fb, needs_grad, *inputs, *params)
+            outputs: tuple[torch.Tensor, ...] = _OnnxFunction.apply(fb, needs_grad, *inputs, *params)  # type: ignore[no-untyped-call]
         else:
             fb = self._forward_backward(device, ())
             feeds = [ortvalue_from_tensor(t) for t in (*inputs, *params)]
             n = len(inputs)
-            outputs = tuple(tensor_from_ortvalue(o) for o in fb.forward(feeds[:n], training=False, weights=feeds[n:]))
+            outputs = tuple(
+                tensor_from_ortvalue(o) for o in fb.forward(feeds[:n], training=False, weights=feeds[n:])
+            )
         return outputs[0] if len(outputs) == 1 else outputs
 
     # ---- export -----------------------------------------------------------------------------

@@ -1,0 +1,359 @@
+"""OnnxModule against pure torch: outputs and gradients (torch autograd as the reference),
+training with torch optimisers, composition, export, zero copy, and errors."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+from torch import nn
+from torch_models import onnx_from_torch_mlp, torch_mlp, torch_weights_as_onnx
+
+import ort_train_core
+from ort_train_core import GraphNotDifferentiableError
+from ort_train_torch import OnnxModule, ortvalue_from_tensor, tensor_from_ortvalue
+
+ATOL = 1e-5
+
+
+def _assert_grads_match(module: OnnxModule, net: nn.Sequential) -> None:
+    expected = {}
+    for k, lin in enumerate(m for m in net if isinstance(m, nn.Linear)):
+        expected[f"W{k}"] = lin.weight.grad.T
+        expected[f"b{k}"] = lin.bias.grad
+    for name, grad in expected.items():
+        got = getattr(module, name).grad
+        assert got is not None, name
+        torch.testing.assert_close(got, grad, atol=ATOL, rtol=1e-5)
+
+
+@pytest.mark.parametrize("sizes", [[5, 3], [6, 8, 2]], ids=["linear", "mlp"])
+@pytest.mark.parametrize("input_grad", [False, True])
+def test_gradients_match_torch_autograd(sizes, input_grad):
+    net = torch_mlp(sizes, seed=1)
+    module = OnnxModule(onnx_from_torch_mlp(net))
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(16, sizes[0], generator=gen)
+    target = torch.randn(16, sizes[-1], generator=gen)
+    x_ours = x.clone().requires_grad_(input_grad)
+    x_ref = x.clone().requires_grad_(input_grad)
+    out = module(x_ours)
+    torch.testing.assert_close(out, net(x), atol=ATOL, rtol=1e-5)
+    nn.functional.mse_loss(out, target).backward()
+    nn.functional.mse_loss(net(x_ref), target).backward()
+    _assert_grads_match(module, net)
+    if input_grad:
+        torch.testing.assert_close(x_ours.grad, x_ref.grad, atol=ATOL, rtol=1e-5)
+    else:
+        assert x_ours.grad is None
+
+
+def test_five_epochs_of_sgd_match_torch():
+    net = torch_mlp([4, 10, 1], seed=2)
+    module = OnnxModule(onnx_from_torch_mlp(net))
+    gen = torch.Generator().manual_seed(3)
+    X = torch.randn(60, 4, generator=gen)
+    y = (X[:, :1] * 2 - X[:, 1:2]).sin()
+    opt_ours = torch.optim.SGD(module.parameters(), lr=0.05, momentum=0.9)
+    opt_ref = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    for _ in range(5):
+        for start in range(0, 60, 16):  # a shorter last batch: the batch size varies
+            xb, yb = X[start : start + 16], y[start : start + 16]
+            for model, opt in ((module, opt_ours), (net, opt_ref)):
+                opt.zero_grad()
+                nn.functional.mse_loss(model(xb), yb).backward()
+                opt.step()
+    reference = torch_weights_as_onnx(net)
+    for name, value in reference.items():
+        assert not torch.allclose(value, torch.tensor(numpy_helper.to_array(_init(module, name))))
+        torch.testing.assert_close(getattr(module, name).detach(), value, atol=1e-4, rtol=1e-4)
+
+
+def _init(module: OnnxModule, name: str) -> onnx.TensorProto:
+    return next(i for i in module._model.graph.initializer if i.name == name)
+
+
+@pytest.mark.parametrize("optimizer", [torch.optim.SGD, torch.optim.Adam])
+def test_composes_between_torch_layers(optimizer):
+    """Linear -> OnnxModule(MLP) -> Linear trains like the all-torch network."""
+    torch.manual_seed(4)
+    inner = torch_mlp([8, 12, 4], seed=5)
+    pre, post = nn.Linear(3, 8), nn.Linear(4, 1)
+    ref = nn.Sequential(copy.deepcopy(pre), *copy.deepcopy(inner), copy.deepcopy(post))
+    ours = nn.Sequential(pre, OnnxModule(onnx_from_torch_mlp(inner)), post)
+    gen = torch.Generator().manual_seed(6)
+    X, y = torch.randn(32, 3, generator=gen), torch.randn(32, 1, generator=gen)
+    opts = [optimizer(m.parameters(), lr=0.01) for m in (ours, ref)]
+    for _ in range(10):
+        for model, opt in zip((ours, ref), opts):
+            opt.zero_grad()
+            nn.functional.mse_loss(model(X), y).backward()
+            opt.step()
+    torch.testing.assert_close(ours(X), ref(X), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(ours[0].weight, ref[0].weight, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(ours[1].W0, ref[1].weight.T, atol=1e-5, rtol=1e-4)
+
+
+def test_shared_module_applied_twice_accumulates_gradients():
+    net = torch_mlp([3, 5, 3], seed=7)
+    module = OnnxModule(onnx_from_torch_mlp(net))
+    x = torch.randn(4, 3, generator=torch.Generator().manual_seed(8))
+    module(module(x)).pow(2).sum().backward()
+    net(net(x)).pow(2).sum().backward()
+    _assert_grads_match(module, net)
+
+
+# ---- several inputs and outputs ---------------------------------------------------------------
+def _two_in_two_out() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(9)
+    values = {
+        "A": rng.standard_normal((3, 2)).astype(np.float32),
+        "c": rng.standard_normal(2).astype(np.float32),
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x1", "A"], ["p"]),
+        helper.make_node("Mul", ["p", "x2"], ["q"]),
+        helper.make_node("Add", ["q", "c"], ["out_sum"]),
+        helper.make_node("Tanh", ["p"], ["out_tanh"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "two",
+        [
+            helper.make_tensor_value_info("x1", TensorProto.FLOAT, ["N", 3]),
+            helper.make_tensor_value_info("x2", TensorProto.FLOAT, ["N", 2]),
+        ],
+        [
+            helper.make_tensor_value_info("out_sum", TensorProto.FLOAT, ["N", 2]),
+            helper.make_tensor_value_info("out_tanh", TensorProto.FLOAT, ["N", 2]),
+        ],
+        [numpy_helper.from_array(v, k) for k, v in values.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model, values
+
+
+def test_several_inputs_and_outputs_match_torch():
+    model, values = _two_in_two_out()
+    module = OnnxModule(model)
+    A = torch.tensor(values["A"], requires_grad=True)
+    c = torch.tensor(values["c"], requires_grad=True)
+    gen = torch.Generator().manual_seed(10)
+    x1, x2 = torch.randn(5, 3, generator=gen), torch.randn(5, 2, generator=gen)
+    x2_ours, x2_ref = x2.clone().requires_grad_(), x2.clone().requires_grad_()
+    s, t = module(x1, x2_ours)
+    p = x1 @ A
+    s_ref, t_ref = p * x2_ref + c, torch.tanh(p)
+    torch.testing.assert_close(s, s_ref, atol=ATOL, rtol=1e-5)
+    torch.testing.assert_close(t, t_ref, atol=ATOL, rtol=1e-5)
+    (s.sum() * 2 + (t**2).sum()).backward()
+    (s_ref.sum() * 2 + (t_ref**2).sum()).backward()
+    torch.testing.assert_close(module.A.grad, A.grad, atol=ATOL, rtol=1e-5)
+    torch.testing.assert_close(module.c.grad, c.grad, atol=ATOL, rtol=1e-5)
+    torch.testing.assert_close(x2_ours.grad, x2_ref.grad, atol=ATOL, rtol=1e-5)
+
+
+def test_an_unused_output_gets_a_zero_gradient():
+    model, values = _two_in_two_out()
+    module = OnnxModule(model)
+    A = torch.tensor(values["A"], requires_grad=True)
+    gen = torch.Generator().manual_seed(11)
+    x1, x2 = torch.randn(5, 3, generator=gen), torch.randn(5, 2, generator=gen)
+    _, t = module(x1, x2)
+    t.sum().backward()
+    torch.tanh(x1 @ A).sum().backward()
+    torch.testing.assert_close(module.A.grad, A.grad, atol=ATOL, rtol=1e-5)
+    torch.testing.assert_close(module.c.grad, torch.zeros(2))
+
+
+# ---- parameters, modes, export -------------------------------------------------------------------
+def test_parameter_names_are_identifiers_mapped_to_onnx_names():
+    model, _ = _two_in_two_out()
+    renamed = onnx.ModelProto()
+    renamed.CopyFrom(model)
+    mapping = {"A": "layer.0/weight:0", "c": "1bias"}
+    for init in renamed.graph.initializer:
+        init.name = mapping[init.name]
+    for node in renamed.graph.node:
+        node.input[:] = [mapping.get(i, i) for i in node.input]
+    module = OnnxModule(renamed)
+    names = dict(module.named_parameters())
+    assert all(n.isidentifier() for n in names)
+    assert sorted(module.onnx_names.values()) == sorted(mapping.values())
+    assert set(module.onnx_names) == set(names)
+
+
+def test_eval_and_no_grad_keep_no_state():
+    net = torch_mlp([4, 6, 1], seed=12)
+    module = OnnxModule(onnx_from_torch_mlp(net))
+    x = torch.randn(8, 4)
+    with torch.no_grad():
+        out = module(x)
+    assert not out.requires_grad
+    torch.testing.assert_close(out, net(x).detach(), atol=ATOL, rtol=1e-5)
+    module.eval()
+    out = module(x)
+    assert out.grad_fn is None
+    assert all(not fb._pending for fb in module._graphs.values())
+    module.train()
+    assert module(x).grad_fn is not None
+
+
+def test_state_dict_round_trip_and_to_device():
+    net_a, net_b = torch_mlp([3, 4, 1], seed=13), torch_mlp([3, 4, 1], seed=14)
+    a, b = OnnxModule(onnx_from_torch_mlp(net_a)), OnnxModule(onnx_from_torch_mlp(net_b))
+    x = torch.randn(5, 3)
+    b.load_state_dict(a.state_dict())
+    torch.testing.assert_close(b(x), net_a(x), atol=ATOL, rtol=1e-5)
+    assert b.to("cpu") is b
+    assert b.to(torch.float32)(x).shape == (5, 1)
+
+
+def test_to_onnx_and_save_hold_the_trained_values(tmp_path):
+    import onnxruntime
+
+    net = torch_mlp([4, 6, 2], seed=15)
+    module = OnnxModule(onnx_from_torch_mlp(net))
+    with torch.no_grad():
+        module.W0.mul_(2.0)
+        net[0].weight.mul_(2.0)
+    path = tmp_path / "trained.onnx"
+    module.save(path)
+    onnx.checker.check_model(onnx.load(path))
+    x = torch.randn(7, 4)
+    sess = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (got,) = sess.run(None, {"X": x.numpy()})
+    np.testing.assert_allclose(got, net(x).detach().numpy(), atol=ATOL, rtol=1e-5)
+    exported = {i.name: numpy_helper.to_array(i) for i in module.to_onnx().graph.initializer}
+    np.testing.assert_allclose(exported["W0"], net[0].weight.detach().numpy().T, rtol=1e-6)
+
+
+def test_deepcopy_and_pickle_rebuild_onnxruntime_objects():
+    import pickle
+
+    net = torch_mlp([3, 4, 1], seed=16)
+    module = OnnxModule(onnx_from_torch_mlp(net))
+    x = torch.randn(6, 3)
+    for clone in (copy.deepcopy(module), pickle.loads(pickle.dumps(module))):
+        clone(x).sum().backward()
+        torch.testing.assert_close(clone(x), net(x), atol=ATOL, rtol=1e-5)
+        assert clone.W0.grad is not None
+        assert module.W0.grad is None
+
+
+def test_a_second_backward_through_one_forward_is_refused():
+    module = OnnxModule(onnx_from_torch_mlp(torch_mlp([3, 2], seed=17)))
+    out = module(torch.randn(4, 3)).sum()
+    out.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="retain_graph is not supported"):
+        out.backward()
+
+
+# ---- zero copy ---------------------------------------------------------------------------------
+def test_tensors_cross_without_copies(monkeypatch):
+    t = torch.randn(10, 4)
+    ov = ortvalue_from_tensor(t)
+    assert ov.data_ptr() == t.data_ptr()
+    assert tensor_from_ortvalue(ov).data_ptr() == t.data_ptr()
+
+    net = torch_mlp([4, 3], seed=18)
+    module = OnnxModule(onnx_from_torch_mlp(net))
+    seen: list[list[int]] = []
+    original = ort_train_core.OrtGradientForwardBackward.forward
+
+    def spy(self, inputs, training=True, weights=None):
+        seen.append([v.data_ptr() for v in (*inputs, *(weights or []))])
+        return original(self, inputs, training, weights)
+
+    monkeypatch.setattr(ort_train_core.OrtGradientForwardBackward, "forward", spy)
+    module(t).sum().backward()
+    with torch.no_grad():
+        module(t)
+    expected = [t.data_ptr(), module.W0.data_ptr(), module.b0.data_ptr()]
+    assert seen == [expected, expected]
+
+
+# ---- errors -------------------------------------------------------------------------------------
+def test_wrong_input_count_dtype_or_device():
+    module = OnnxModule(onnx_from_torch_mlp(torch_mlp([3, 2], seed=19)))
+    with pytest.raises(TypeError, match=r"takes 1 tensor\(s\) \['X'\], got 2"):
+        module(torch.randn(2, 3), torch.randn(2, 3))
+    with pytest.raises(TypeError, match=r"must be torch\.float32, got torch\.float64"):
+        module(torch.randn(2, 3, dtype=torch.float64))
+    with pytest.raises(TypeError, match=r"must be a torch\.Tensor"):
+        module(np.zeros((2, 3), dtype=np.float32))
+    with pytest.raises(TypeError, match="ModelProto, serialized bytes or a path"):
+        OnnxModule(42)
+
+
+def test_a_graph_without_gradient_is_refused():
+    """The weight reaches the output only through ai.onnx.ml LinearRegressor (no gradient)."""
+    values = numpy_helper.from_array(np.ones((3, 3), dtype=np.float32), "coef")
+    node = helper.make_node(
+        "LinearRegressor", ["m"], ["out"], domain="ai.onnx.ml", coefficients=[1.0, 2.0, 3.0]
+    )
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "coef"], ["m"]), node],
+        "ml",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 1])],
+        [values],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 8
+    with pytest.raises(GraphNotDifferentiableError, match="LinearRegressor"):
+        OnnxModule(model)
+
+
+def test_import_without_the_training_build_says_how_to_install_it():
+    code = textwrap.dedent(
+        """
+        import json, sys
+        sys.modules['onnxruntime'] = None
+        try:
+            import ort_train_torch
+        except ImportError as exc:
+            print(json.dumps({"type": type(exc).__name__, "message": str(exc)}))
+        else:
+            print(json.dumps({"type": None}))
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=dict(os.environ),
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["type"] == "TrainingRuntimeError"
+    assert "pip install" in out["message"]
+
+
+# ---- CUDA ----------------------------------------------------------------------------------------
+@pytest.mark.cuda
+def test_cuda_gradients_match_cpu():
+    net = torch_mlp([6, 8, 2], seed=20)
+    cpu = OnnxModule(onnx_from_torch_mlp(net))
+    gpu = copy.deepcopy(cpu).to("cuda")
+    x = torch.randn(9, 6)
+    xg = x.cuda().requires_grad_()
+    x = x.requires_grad_()
+    cpu(x).pow(2).sum().backward()
+    gpu(xg).pow(2).sum().backward()
+    torch.testing.assert_close(xg.grad.cpu(), x.grad, atol=1e-5, rtol=1e-4)
+    for name, p in cpu.named_parameters():
+        torch.testing.assert_close(getattr(gpu, name).grad.cpu(), p.grad, atol=1e-5, rtol=1e-4)
