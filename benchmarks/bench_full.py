@@ -243,13 +243,13 @@ def route_partial(case: dict[str, Any]) -> tuple[Route, Any]:
         learning_loss="square_error",
         shuffle=False,
     )
-    # setup: forward/backward graph + session + TrainingAgent, one loss-gradient graph per batch
-    # size, the penalty/update graph
+    # setup: per batch size a forward/backward graph + session + TrainingAgent and a
+    # loss-gradient graph, then the penalty/update graph
     t0 = time.perf_counter()
     device, lr = trainer._validate_params()
     trainer._prepare_graphs(device, lr)
-    trainer._forward_backward(device)
     for size in sorted({e - s for s, e in case["bounds"]}):
+        trainer._forward_backward(device, size)
         trainer._loss_gradient(size, device)
     trainer._update(device, lr)
     setup = time.perf_counter() - t0

@@ -568,7 +568,8 @@ def test_save_onnx_graph_writes_loadable_graphs(tmp_path: Any) -> None:
     expected_names = {
         "trained",
         "evaluation_loss",
-        "forward_backward",
+        "forward_backward_batch10",
+        "forward_backward_batch5",
         "loss_gradient_batch10",
         "loss_gradient_batch5",
         "penalty_and_update",
@@ -581,7 +582,10 @@ def test_save_onnx_graph_writes_loadable_graphs(tmp_path: Any) -> None:
         loaded[name] = onnx.load(path)
         onnx.checker.check_model(loaded[name], full_check=False)
         assert loaded[name].ir_version <= 10
-    assert any(n.domain == "com.microsoft" for n in loaded["forward_backward"].graph.node)
+    for batch in (10, 5):
+        fb = loaded[f"forward_backward_batch{batch}"].graph
+        assert any(n.domain == "com.microsoft" for n in fb.node)
+        assert fb.input[0].type.tensor_type.shape.dim[0].dim_value == batch
 
     # what each holds, run by onnxruntime and checked with numpy
     state64 = {k: v.astype(np.float64) for k, v in trainer.get_state().items()}

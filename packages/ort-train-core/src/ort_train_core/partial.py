@@ -32,6 +32,7 @@ from .graph import (
     default_weights_to_train,
     normalise_model,
     output_shape,
+    set_batch_dimension,
 )
 from .learning_rate import BaseLearningRate
 from .losses import (
@@ -157,11 +158,14 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
             else []
         )
 
-    def _forward_backward(self, device: Device) -> tuple[ForwardBackwardGraphs, Any, Any]:
-        weights, *_ = self._names()
-        key = ("forward_backward", tuple(weights), str(device))
+    def _forward_backward(self, device: Device, batch: int) -> tuple[ForwardBackwardGraphs, Any, Any]:
+        """The TrainingAgent for one batch size: with the batch dimension fixed, onnxruntime
+        drops the run-time shape arithmetic of the backward, as in the full loop."""
+        weights, _, _, features = self._names()
+        key = ("forward_backward", tuple(weights), str(device), batch)
         if key not in self._graph_cache:
-            graphs = build_forward_backward(self._prediction_model(), weights, [])
+            model = set_batch_dimension(self._prediction_model(), features, batch)
+            graphs = build_forward_backward(model, weights, [])
             if device.kind == "cpu":
                 inits = {i.name: i.data_type for i in self._model().graph.initializer}
                 graphs.gradient_model = cpu_relu_grad(graphs.gradient_model, inits[weights[0]])
@@ -238,7 +242,7 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
             if not isinstance(key, tuple):
                 continue
             if key[0] == "forward_backward":
-                out["forward_backward"] = value[0].gradient_model
+                out[f"forward_backward_batch{key[-1]}"] = value[0].gradient_model
             elif key[0] == "loss_gradient":
                 out[f"loss_gradient_batch{key[1]}"] = value[0]
             elif key[0] == "update":
@@ -260,7 +264,7 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
             state,
             device,
             lr,
-            self._forward_backward(device),
+            {size: self._forward_backward(device, size) for size in sizes},
             {size: self._loss_gradient(size, device)[1] for size in sizes},
             self._update(device, lr),
             self.output_index,
@@ -288,7 +292,7 @@ class _PartialRunner(DoubleBufferedRunner):
         state: TrainingState,
         device: Device,
         lr: BaseLearningRate,
-        forward_backward: tuple[ForwardBackwardGraphs, Any, Any],
+        forward_backward: dict[int, tuple[ForwardBackwardGraphs, Any, Any]],
         loss_sessions: dict[int, Any],
         update: tuple[ModelProto, UpdateSignature, Any],
         output_index: int,
@@ -297,7 +301,8 @@ class _PartialRunner(DoubleBufferedRunner):
         loss_name: str,
         data_names: list[str],
     ) -> None:
-        graphs, _, self.agent = forward_backward
+        graphs = next(iter(forward_backward.values()))[0]
+        self.agents = {size: agent for size, (_, _, agent) in forward_backward.items()}
         super().__init__(
             store, state, device, lr, graphs.weights, evaluator, validation, loss_name, data_names
         )
@@ -342,7 +347,8 @@ class _PartialRunner(DoubleBufferedRunner):
         dropped without a backward)."""
         batch = self.sizes.index(size)
         probe = C.OrtValueVector()
-        self.agent.run_forward(self._forward_inputs(batch), probe, C.PartialGraphExecutionState(), None)
+        agent = self.agents[size]
+        agent.run_forward(self._forward_inputs(batch), probe, C.PartialGraphExecutionState(), None)
         shapes = [tuple(probe[k].shape()) for k in range(len(probe))]
         dtypes = [np.asarray(probe[k].numpy()).dtype for k in range(len(probe))]
         self.outputs[size] = [DeviceArray.zeros(sh, dt, self.device) for sh, dt in zip(shapes, dtypes)]
@@ -379,11 +385,12 @@ class _PartialRunner(DoubleBufferedRunner):
     def step(self, batch: int) -> float:
         size = self.sizes[batch]
         state = C.PartialGraphExecutionState()
+        agent = self.agents[size]
         vin = self.forward_inputs[self.parity][batch] or self._forward_inputs(batch)
-        self.agent.run_forward(vin, self.output_vectors[size], state, None)
+        agent.run_forward(vin, self.output_vectors[size], state, None)
         run_loss, loss_binding = self.loss_entries[batch] or self._loss_entry(batch)
         run_loss(loss_binding, None)
-        self.agent.run_backward(self.output_grads[size], self.weight_grad_vector, state)
+        agent.run_backward(self.output_grads[size], self.weight_grad_vector, state)
         run_update, update_binding = self.update_bindings[self.parity]
         if self.per_step_scalars:
             self._write_scalars()
