@@ -87,6 +87,28 @@ def demo(session: nox.Session) -> None:
 
 
 @nox.session(python="3.11")
+def docs(session: nox.Session) -> None:
+    """Builds the Sphinx site in docs/_build/html, running every gallery example; any warning
+    fails the build."""
+    # the local CPU build of torch, pinned, before the torch adapter asks for `torch>=2.1`
+    session.install("torch==2.13.0")
+    _install_core(session)
+    session.install("-e", "packages/ort-train-sklearn", "-e", "packages/ort-train-torch")
+    session.install(
+        "sphinx>=7.2",
+        "sphinx-gallery>=0.17",
+        "myst-parser>=3",
+        "matplotlib",
+        "networkx",
+        "scikit-learn",
+        "skl2onnx",
+    )
+    session.run(
+        "sphinx-build", "-E", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html", *session.posargs
+    )
+
+
+@nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
     """Benchmarks against numpy, torch and scikit-learn (the training loops, OrtMLPRegressor
     against MLPRegressor, OnnxModule against a torch module); `-- --quick` for a short run."""

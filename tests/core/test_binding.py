@@ -57,3 +57,33 @@ def test_trainers_of_one_architecture_share_fused_graphs(monkeypatch, make_linea
         expected, _ = linear_sgd_reference(start, X, y, eta=0.05, batch_size=10, epochs=3)
         for name, value in expected.items():
             np.testing.assert_allclose(trainer.get_state()[name], value, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("trainer_class", ["full", "partial"])
+def test_callbacks_read_each_epochs_weights(linear_loss_model, linear_data, trainer_class):
+    """get_state() inside on_epoch_end gives the weights after that epoch (numpy SGD)."""
+    from ort_train_core import OrtGradientForwardBackwardOptimizer
+    from ort_train_core.callbacks import Callback
+    from ort_train_core.graph import prediction_graph
+
+    seen: list[dict[str, np.ndarray]] = []
+
+    class Record(Callback):
+        def on_epoch_end(self, trainer, epoch, logs):  # type: ignore[no-untyped-def]
+            seen.append(trainer.get_state())
+
+    X, y = linear_data
+    start = initializers(linear_loss_model)
+    common = dict(max_iter=3, batch_size=10, shuffle=False, callbacks=[Record()])
+    if trainer_class == "full":
+        trainer = OrtGradientOptimizer(linear_loss_model, learning_rate=0.05, **common)
+    else:
+        trainer = OrtGradientForwardBackwardOptimizer(
+            prediction_graph(linear_loss_model, "loss"), learning_rate=0.05, **common
+        )
+    trainer.fit(X, y)
+    assert len(seen) == 3
+    for epochs, state in enumerate(seen, start=1):
+        expected, _ = linear_sgd_reference(start, X, y, eta=0.05, batch_size=10, epochs=epochs)
+        for name, value in expected.items():
+            np.testing.assert_allclose(state[name], value, rtol=1e-4, atol=1e-6)

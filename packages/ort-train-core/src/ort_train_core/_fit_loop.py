@@ -201,6 +201,8 @@ class BaseOrtTrainer(ParamsMixin):
         losses = np.empty(n_batches, dtype=np.float64)
         stopped_early = interrupted = False
         step, isfinite = runner.step, math.isfinite  # locals: the per-step path is a few us
+        # the weights at the end of the last complete epoch: what a divergence rolls back to
+        snapshot = runner.snapshot()
         try:
             with _catch_sigint() as flag:
                 stop_requested = flag.is_set
@@ -209,7 +211,6 @@ class BaseOrtTrainer(ParamsMixin):
                     order = self._rng.permutation(store.n) if self.shuffle else None
                     store.load(order)
                     totals = store.batch_totals(weights, order)
-                    snapshot = runner.snapshot()
                     runner.set_epoch(epoch)
                     done = 0
                     for i in range(n_batches):
@@ -237,9 +238,6 @@ class BaseOrtTrainer(ParamsMixin):
                     if runner.has_validation:
                         logs["validation_loss"] = runner.validation_loss()
                         self.validation_losses_.append(logs["validation_loss"])
-                    stop = False
-                    for cb in callbacks:
-                        stop = bool(cb.on_epoch_end(self, epoch, logs)) or stop
                     if not math.isfinite(logs.get("validation_loss", 0.0)):
                         runner.restore(snapshot)
                         self._state = snapshot
@@ -249,6 +247,12 @@ class BaseOrtTrainer(ParamsMixin):
                             epoch=epoch,
                             batch=n_batches - 1,
                         )
+                    # callbacks see this epoch's weights through get_state()
+                    snapshot = runner.snapshot()
+                    self._state = snapshot
+                    stop = False
+                    for cb in callbacks:
+                        stop = bool(cb.on_epoch_end(self, epoch, logs)) or stop
                     if stop:
                         stopped_early = True
                         break

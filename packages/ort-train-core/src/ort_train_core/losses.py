@@ -58,14 +58,14 @@ class SquareLearningLoss(_ElementwiseLoss):
 
 
 class AbsoluteLearningLoss(_ElementwiseLoss):
-    """l = sum_k |f - y|."""
+    """``l = sum_k |f - y|``."""
 
     def element_loss(self, b: NodeBuilder, diff: str) -> str:
         return b.op("Abs", [diff], "abs")
 
 
 class ElasticLearningLoss(_ElementwiseLoss):
-    """l = sum_k (l1_weight |d| + l2_weight d^2)."""
+    """``l = sum_k (l1_weight |d| + l2_weight d^2)``."""
 
     def __init__(self, l1_weight: float = 0.5, l2_weight: float = 0.5) -> None:
         self.l1_weight = l1_weight
@@ -230,7 +230,7 @@ class NoLearningPenalty(BaseLearningPenalty):
 
 
 class ElasticLearningPenalty(BaseLearningPenalty):
-    """P = l1 * sum |W| + l2 * sum W^2 for each penalised weight."""
+    """``P = l1 * sum |W| + l2 * sum W^2`` for each penalised weight."""
 
     def __init__(self, l1: float = 0.5, l2: float = 0.5) -> None:
         self.l1 = l1
