@@ -110,14 +110,14 @@ def docs(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
-    """Benchmarks against numpy, torch and scikit-learn (the training loops, OrtMLPRegressor
-    against MLPRegressor, OnnxModule against a torch module); `-- --quick` for a short run."""
+    """Benchmarks against numpy, torch, scikit-learn and onnxruntime's own training API, with
+    plots; `-- --quick` for a short run (under 5 minutes on 2 cores)."""
     _install_core(session)
-    session.install("scikit-learn", "skl2onnx", "torch==2.13.0")
+    session.install("scikit-learn", "skl2onnx", "torch==2.13.0", "matplotlib", "psutil")
     session.install("-e", "packages/ort-train-sklearn", "-e", "packages/ort-train-torch")
-    session.run("python", "benchmarks/bench_full.py", *session.posargs)
-    session.run("python", "benchmarks/bench_sklearn.py", *session.posargs)
-    session.run("python", "benchmarks/bench_torch.py", *session.posargs)
+    # the matrix (every route, PNG plots), then the target benchmarks of the training loops,
+    # OrtMLPRegressor and OnnxModule; `-- --quick`, `-- --device cuda`
+    session.run("python", "benchmarks/run.py", *session.posargs)
 
 
 @nox.session(python="3.11")

@@ -1,0 +1,112 @@
+"""Runs every benchmark: the benchmark matrix (``matrix.py``), then the target benchmarks
+``bench_full.py``, ``bench_sklearn.py`` and ``bench_torch.py`` (their ``main(argv)``, with
+``--quick`` and ``--out`` forwarded).
+
+Usage: ``python benchmarks/run.py [--quick] [--device cpu|cuda] [--out benchmarks/results]``.
+
+- ``--quick``: the matrix's quick subset and the target scripts' quick modes (a few minutes on
+  2 cores); without it the whole grid (about half an hour on 2 cores).
+- ``--device cuda``: the matrix's ort-train routes, the onnxruntime training API and torch on
+  the GPU (numpy and scikit-learn stay on the CPU); exits with status 2 at once when the CUDA
+  build of onnxruntime-training is not there. The target scripts are CPU benchmarks and run as
+  they are.
+- A part that raises (or returns a non-zero status, or a matrix route that fails) is reported
+  and the others still run; the exit status is then 1.
+
+Results: ``<host>-<date>-matrix[-cuda][-quick].{json,md}`` and ``...-matrix...-*.png`` from the
+matrix, and each target script's own files, all in ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+if str(BENCH_DIR) not in sys.path:
+    sys.path.insert(0, str(BENCH_DIR))
+
+import _common as common  # noqa: E402
+import matrix  # noqa: E402
+
+TARGET_SCRIPTS = ("bench_full", "bench_sklearn", "bench_torch")
+
+
+def run_target(name: str, argv: list[str]) -> tuple[int | str, float]:
+    """(status, seconds) of ``<name>.main(argv)``: its return value, or 'raised ...'."""
+    t = time.perf_counter()
+    print(f"\n==== {name} {' '.join(argv)}", flush=True)
+    try:
+        module = importlib.import_module(name)
+        status: Any = module.main(argv)
+    except SystemExit as exc:  # argparse errors and explicit exits
+        status = exc.code
+    except Exception as exc:
+        traceback.print_exc()
+        status = f"raised {type(exc).__name__}: {exc}"
+    seconds = time.perf_counter() - t
+    if status is None:
+        status = 0
+    return (status if isinstance(status, (int, str)) else str(status)), seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    matrix.add_arguments(parser)
+    parser.add_argument("--skip-matrix", action="store_true", help="run the target scripts only")
+    parser.add_argument("--skip-targets", action="store_true", help="run the matrix only")
+    args = parser.parse_args(argv)
+
+    if args.device == "cuda":
+        reason = matrix.cuda_unavailable_reason()
+        if reason is not None:
+            print(f"run.py --device cuda cannot run here: {reason}", file=sys.stderr)
+            return 2
+
+    t_start = time.perf_counter()
+    out = str(Path(args.out))
+    parts: list[tuple[str, int | str, float]] = []
+    if not args.skip_matrix:
+        t = time.perf_counter()
+        print(f"==== matrix ({'quick' if args.quick else 'full'}, device {args.device})", flush=True)
+        status: int | str
+        try:
+            report = matrix.run_matrix(
+                quick=args.quick, device=args.device, out=out, torch_threads=args.torch_threads
+            )
+            failed = report["failed"]
+            status = 0 if not failed else f"{len(failed)} route run(s) failed"
+            for f in failed:
+                print(
+                    f"  FAILED {f['case']} {matrix.ROUTE_LABELS[f['route']]}: {f['error']}", file=sys.stderr
+                )
+            print(f"matrix files: {', '.join(report['files'])}", flush=True)
+        except Exception as exc:
+            traceback.print_exc()
+            status = f"raised {type(exc).__name__}: {exc}"
+        parts.append(("matrix", status, time.perf_counter() - t))
+    if not args.skip_targets:
+        forwarded = ["--out", out] + (["--quick"] if args.quick else [])
+        for name in TARGET_SCRIPTS:
+            status, seconds = run_target(name, forwarded)
+            parts.append((name, status, seconds))
+
+    elapsed = time.perf_counter() - t_start
+    print("\n==== run.py summary", flush=True)
+    print(f"machine: {common.machine_line(common.machine_info())}")
+    for name, status, seconds in parts:
+        print(f"  {name:<14} {seconds:7.1f} s  {'ok' if status == 0 else f'FAILED ({status})'}")
+    print(f"  {'total':<14} {elapsed:7.1f} s ({elapsed / 60:.1f} min){', quick' if args.quick else ''}")
+    ok = all(status == 0 for _, status, _ in parts)
+    if not ok:
+        print("some benchmarks failed: see above", file=sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
