@@ -213,7 +213,12 @@ def test_state_dict_round_trip_and_to_device():
     net_a, net_b = torch_mlp([3, 4, 1], seed=13), torch_mlp([3, 4, 1], seed=14)
     a, b = OnnxModule(onnx_from_torch_mlp(net_a)), OnnxModule(onnx_from_torch_mlp(net_b))
     x = torch.randn(5, 3)
-    b.load_state_dict(a.state_dict())
+    torch.testing.assert_close(b(x), net_b(x), atol=ATOL, rtol=1e-5)
+    b.load_state_dict(a.state_dict())  # copies in place
+    torch.testing.assert_close(b(x), net_a(x), atol=ATOL, rtol=1e-5)
+    with torch.no_grad():  # a new storage for one parameter
+        b.W0.data = torch.zeros_like(b.W0)
+        net_a[0].weight.zero_()
     torch.testing.assert_close(b(x), net_a(x), atol=ATOL, rtol=1e-5)
     assert b.to("cpu") is b
     assert b.to(torch.float32)(x).shape == (5, 1)
