@@ -55,7 +55,6 @@ import datetime
 import itertools
 import json
 import os
-import platform
 import re
 import socket
 import sys
@@ -67,6 +66,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from _common import fmt, machine_info
 
 N_FEATURES = 10
 HIDDEN = 10
@@ -594,62 +595,6 @@ def route_mlpregressor(case: dict[str, Any]) -> Route:
 
 
 # ---- machine ------------------------------------------------------------------------------
-def machine_info(torch_threads: int) -> dict[str, Any]:
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    versions: dict[str, str] = {"python": sys.version.split()[0]}
-    import importlib.metadata as md
-
-    for dist in (
-        "numpy",
-        "onnx",
-        "onnxruntime-training-cpu",
-        "onnxruntime-training",
-        "torch",
-        "scikit-learn",
-        "ort-train-core",
-    ):
-        try:
-            versions[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            continue
-    import onnxruntime
-
-    versions["onnxruntime"] = onnxruntime.__version__
-    info: dict[str, Any] = {
-        "hostname": socket.gethostname(),
-        "platform": platform.platform(),
-        "cpu": cpu,
-        "logical_cpus": os.cpu_count(),
-        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "versions": versions,
-        "onnxruntime_intra_op_threads": "default (0: one per physical core)",
-        "torch_threads": torch_threads,
-    }
-    try:
-        from threadpoolctl import threadpool_info
-
-        info["blas"] = [
-            {k: p.get(k) for k in ("internal_api", "version", "num_threads", "architecture")}
-            for p in threadpool_info()
-        ]
-    except ImportError:
-        pass
-    return info
-
-
-# ---- report -------------------------------------------------------------------------------
-def fmt(value: float | None, digits: int = 5) -> str:
-    return "—" if value is None else f"{value:.{digits}g}"
-
-
 def evaluate_targets(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     by_name = {c["name"]: c for c in cases}
     rows = []

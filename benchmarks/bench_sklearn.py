@@ -45,7 +45,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import re
 import socket
 import sys
@@ -55,6 +54,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from _common import machine_info
 
 SEED = 0
 HIDDEN = (50,)
@@ -219,57 +220,6 @@ def run_case(
 
 
 # ---- machine ------------------------------------------------------------------------------
-def machine_info() -> dict[str, Any]:
-    import importlib.metadata as md
-
-    import onnxruntime
-
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    versions: dict[str, str] = {"python": sys.version.split()[0]}
-    for dist in (
-        "numpy",
-        "scipy",
-        "onnx",
-        "onnxruntime-training-cpu",
-        "onnxruntime-training",
-        "scikit-learn",
-        "ort-train-core",
-        "ort-train-sklearn",
-    ):
-        try:
-            versions[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            continue
-    versions["onnxruntime"] = onnxruntime.__version__
-    info: dict[str, Any] = {
-        "hostname": socket.gethostname(),
-        "platform": platform.platform(),
-        "cpu": cpu,
-        "logical_cpus": os.cpu_count(),
-        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "versions": versions,
-        "onnxruntime_intra_op_threads": "default (0: one per physical core)",
-    }
-    try:
-        from threadpoolctl import threadpool_info
-
-        info["blas"] = [
-            {k: p.get(k) for k in ("internal_api", "version", "num_threads", "architecture")}
-            for p in threadpool_info()
-        ]
-    except ImportError:
-        pass
-    return info
-
-
 # ---- report -------------------------------------------------------------------------------
 def markdown(report: dict[str, Any]) -> str:
     m = report["machine"]
