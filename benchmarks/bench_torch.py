@@ -17,6 +17,10 @@ Routes (per batch size), all over the very same weights:
   each step too.
 - ``torch nn.Sequential, x without grad`` / ``x requires grad``: ``nn.Linear -> ReLU -> ...``
   holding the same weights, the same per-step work.
+- ``floor`` (diagnostic, no target): ort-train-core's ``OrtGradientForwardBackward`` over the
+  same graph with every OrtValue made once; a step is its ``forward`` + ``backward``
+  (TrainingAgent only: no torch autograd, no DLPack conversion). OnnxModule minus floor is the
+  adapter's cost; floor / torch compares onnxruntime's kernels with torch's.
 
 ``grad`` is a fixed random (batch, 1) tensor, the gradient of the output (as a loss would hand
 it back), the same for every route. Nothing is updated, so every step does identical work.
@@ -26,12 +30,16 @@ of torch's ``weight``) and those of torch, and the input gradients of the middle
 must agree: max abs difference / max abs torch gradient <= 1e-4, per case (the report flags a
 miss and the run exits with status 1).
 
-Timing: time.perf_counter around a block of steps (``steps per block``, chosen so a block
-lasts tens of ms), an untimed warm-up of each route first (its first step, which builds the
-middle-layer route's graph, is reported apart), then ``--repeats`` blocks per route going
-round-robin over the routes of a case, so that a busy moment of a shared machine hits all
-alike. us/step = best block / steps per block; the median is reported too. ratio = OnnxModule
-us/step / torch us/step (same input-gradient setting).
+Timing: time.perf_counter around a block of steps (``steps per block``: tens of ms), after
+each route's first step (reported apart: the x-requires-grad route builds its graph then) and
+an untimed warm-up block. Then ``--repeats`` rounds, each timing one block of every route of
+every batch size, so that the samples of each route spread over the whole run and a busy spell
+of a shared machine hits all routes alike; an untimed 50 ms pause before each block lets the
+previous route's thread pools go idle (onnxruntime's intra-op workers spin for some 20-30 ms
+after a run, torch's OpenMP threads for some 10 ms; on 2 cores a block timed inside that spin
+shares its cores with it). us/step = best block / steps per block; the median is reported
+too. ratio = OnnxModule us/step / torch us/step (same input-gradient setting). The report
+states the load average and the CPU share other processes took during the timed phase.
 
 Threads: ``torch.set_num_threads(2)`` (the machine has 2 cores; the number is the usable CPUs);
 onnxruntime's sessions (made by ort-train-core, no intra-op setting) use the default intra-op
@@ -47,17 +55,15 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
-import platform
-import re
-import socket
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from _common import machine_info, machine_line, result_stem, usable_cpus, write_json, write_text
 
 SEED = 0
 N_FEATURES = 100
@@ -66,8 +72,15 @@ N_OUTPUTS = 1
 #: relative gradient difference (max abs diff / max abs torch gradient) allowed between routes
 GRAD_RTOL = 1e-4
 #: (batch, steps per block in the full run); --quick divides the steps by QUICK_STEP_DIVISOR
-BATCHES = [(100, 200), (1000, 40), (10_000, 5)]
+BATCHES = [(100, 100), (1000, 20), (10_000, 3)]
 QUICK_STEP_DIVISOR = 2
+#: timed blocks per route (rounds over every case and route)
+REPEATS = 20
+QUICK_REPEATS = 5
+#: untimed pause before every timed block: onnxruntime's intra-op workers spin for about 20-30 ms
+#: after a run and torch's OpenMP threads for about 10 ms; on 2 cores a route timed inside the
+#: previous route's spin shares its cores with it (torch's steps then take up to 2-4x longer)
+SETTLE_SECONDS = 0.05
 TARGET_BATCH = 1000
 TARGET_RATIO = 1.3
 
@@ -88,9 +101,10 @@ ROUTE_LABELS = {
     "torch": "torch nn.Sequential, x without grad",
     "ours_xgrad": "OnnxModule, x requires grad",
     "torch_xgrad": "torch nn.Sequential, x requires grad",
+    "floor": "floor: TrainingAgent alone, x without grad",
 }
 #: route -> the torch route it is compared with
-PEERS = {"ours": "torch", "ours_xgrad": "torch_xgrad"}
+PEERS = {"ours": "torch", "ours_xgrad": "torch_xgrad", "floor": "torch"}
 
 
 # ---- models -------------------------------------------------------------------------------
@@ -208,13 +222,45 @@ def check_same_work(ours: Any, net: Any, x: Any, grad: Any) -> dict[str, Any]:
     return results
 
 
-def run_case(batch: int, steps: int, repeats: int, warmup: int) -> dict[str, Any]:
+def make_floor_step(net: Any, x: Any, grad: Any) -> Callable[[], None]:
+    """ort-train-core's ``OrtGradientForwardBackward`` over the same graph, every OrtValue made
+    once: the TrainingAgent's forward + backward without the torch adapter (no autograd, no
+    DLPack conversions per step)."""
+    from ort_train_core import OrtGradientForwardBackward
+    from ort_train_torch import ortvalue_from_tensor
+
+    fb = OrtGradientForwardBackward(onnx_mlp(net), device="cpu")
+    params = torch_weights_as_onnx(net)
+    weights = [ortvalue_from_tensor(params[name]) for name in fb.weights_to_train]
+    x_value, grad_value = ortvalue_from_tensor(x), ortvalue_from_tensor(grad)
+    keep = (params, x, grad)
+
+    def step() -> None:
+        fb.forward([x_value], training=True, weights=weights)
+        fb.backward([grad_value])
+        assert keep
+
+    return step
+
+
+def torch_weights_as_onnx(net: Any) -> dict[str, Any]:
+    """The torch network's parameters under the ONNX names, as contiguous (in, out) copies."""
+    from torch import nn
+
+    out = {}
+    for k, lin in enumerate(m for m in net if isinstance(m, nn.Linear)):
+        out[f"W{k}"] = lin.weight.detach().T.contiguous()
+        out[f"b{k}"] = lin.bias.detach().clone()
+    return out
+
+
+def setup_case(batch: int, steps: int, warmup: int) -> dict[str, Any]:
+    """Builds the routes of one batch size, checks that they do the same work, times each
+    route's first step and warms it up."""
     import torch
 
     from ort_train_torch import OnnxModule
 
-    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    print(f"[batch {batch}] {steps} steps per block, {repeats} blocks per route", flush=True)
     gen = torch.Generator().manual_seed(SEED + batch)
     x = torch.randn(batch, N_FEATURES, generator=gen)
     grad = torch.randn(batch, N_OUTPUTS, generator=gen)
@@ -224,103 +270,109 @@ def run_case(batch: int, steps: int, repeats: int, warmup: int) -> dict[str, Any
     t = time.perf_counter()
     ours = OnnxModule(onnx_mlp(net))
     build_seconds = time.perf_counter() - t
-    same_work = check_same_work(ours, net, x, grad)
-
-    steps_by_route = {
+    step_fns = {
         "ours": make_step(ours, x, grad),
         "torch": make_step(net, x, grad),
         "ours_xgrad": make_step(ours, x_req, grad),
         "torch_xgrad": make_step(net, x_req, grad),
+        "floor": make_floor_step(net, x, grad),
     }
-    first: dict[str, float] = {}
-    for key, step in steps_by_route.items():
-        first[key] = time_block(step, 1)
+    # first steps before anything else ran: the x-requires-grad route builds its graph here
+    first = {key: time_block(step, 1) for key, step in step_fns.items()}
+    same_work = check_same_work(ours, net, x, grad)
+    for step in step_fns.values():
         time_block(step, warmup)
-    times: dict[str, list[float]] = {key: [] for key in steps_by_route}
-    for _ in range(repeats):
-        for key, step in steps_by_route.items():
-            times[key].append(time_block(step, steps))
+    return {
+        "batch": batch,
+        "steps": steps,
+        "step_fns": step_fns,
+        "first": first,
+        "same_work": same_work,
+        "build_seconds": build_seconds,
+        "times": {key: [] for key in step_fns},
+    }
 
+
+def finish_case(case: dict[str, Any]) -> dict[str, Any]:
+    times = case["times"]
     routes: dict[str, dict[str, Any]] = {}
-    for key in steps_by_route:
-        best = min(times[key])
+    for key in case["step_fns"]:
         routes[key] = {
             "label": ROUTE_LABELS[key],
-            "us_per_step": 1e6 * best,
+            "us_per_step": 1e6 * min(times[key]),
             "median_us_per_step": 1e6 * statistics.median(times[key]),
             "times_us_per_step": [1e6 * v for v in times[key]],
-            "first_step_ms": 1e3 * first[key],
+            "first_step_ms": 1e3 * case["first"][key],
         }
     for key, peer in PEERS.items():
         routes[key]["ratio"] = routes[key]["us_per_step"] / routes[peer]["us_per_step"]
         routes[key]["median_ratio"] = routes[key]["median_us_per_step"] / routes[peer]["median_us_per_step"]
+    print(f"[batch {case['batch']}] {case['steps']} steps per block", flush=True)
     for r in routes.values():
         ratio = f"  ratio {r['ratio']:.2f} (median {r['median_ratio']:.2f})" if "ratio" in r else ""
         print(
-            f"  {r['label']:<38} {r['us_per_step']:9.1f} us/step (median {r['median_us_per_step']:9.1f})"
+            f"  {r['label']:<46} {r['us_per_step']:9.1f} us/step (median {r['median_us_per_step']:9.1f})"
             f"{ratio}",
             flush=True,
         )
-    for key, s in same_work.items():
+    for key, s in case["same_work"].items():
         print(
             f"  gradients ({key}): max abs diff {s['max_abs_diff']:.1e}, "
             f"max rel diff {s['max_rel_diff']:.1e}",
             flush=True,
         )
     return {
-        "name": f"batch {batch}",
-        "batch": batch,
-        "steps_per_block": steps,
-        "repeats": repeats,
+        "name": f"batch {case['batch']}",
+        "batch": case["batch"],
+        "steps_per_block": case["steps"],
+        "repeats": len(next(iter(times.values()))),
         "routes": routes,
-        "same_work": same_work,
-        "onnx_module_build_ms": 1e3 * build_seconds,
+        "same_work": case["same_work"],
+        "onnx_module_build_ms": 1e3 * case["build_seconds"],
+    }
+
+
+def busy_cpu_seconds() -> float | None:
+    """CPU seconds the whole machine spent busy (all CPUs, /proc/stat), None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def run_cases(batches: list[tuple[int, int]], repeats: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Sets every case up, then ``repeats`` rounds, each timing one block of every route of
+    every case: the samples of each route spread over the whole run, so that a busy spell of
+    a shared machine does not fall on one case or one route only."""
+    prepared = []
+    for batch, steps in batches:
+        print(f"[batch {batch}] setting up ({steps} steps per block)", flush=True)
+        prepared.append(setup_case(batch, steps, warmup=steps))
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    busy_before, own_before, wall = busy_cpu_seconds(), os.times(), time.perf_counter()
+    for k in range(repeats):
+        for case in prepared:
+            for key, step in case["step_fns"].items():
+                time.sleep(SETTLE_SECONDS)
+                case["times"][key].append(time_block(step, case["steps"]))
+        print(f"  round {k + 1}/{repeats}", end="\r", flush=True)
+    wall = time.perf_counter() - wall
+    busy_after, own_after = busy_cpu_seconds(), os.times()
+    own = (own_after.user + own_after.system) - (own_before.user + own_before.system)
+    others = None
+    if busy_before is not None and busy_after is not None:
+        others = max(0.0, (busy_after - busy_before) - own) / (wall * (os.cpu_count() or usable_cpus()))
+    timing = {
+        "seconds": wall,
+        "own_cpu_seconds": own,
+        "other_processes_cpu_fraction": others,
         "loadavg_1min": [load_before, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
     }
-
-
-# ---- machine ------------------------------------------------------------------------------
-def machine_info(torch_threads: int) -> dict[str, Any]:
-    import importlib.metadata as md
-
-    import onnxruntime
-    import torch
-
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    versions: dict[str, str] = {"python": sys.version.split()[0]}
-    for dist in (
-        "numpy",
-        "onnx",
-        "onnxruntime-training-cpu",
-        "onnxruntime-training",
-        "torch",
-        "ort-train-core",
-        "ort-train-torch",
-    ):
-        try:
-            versions[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            continue
-    versions["onnxruntime"] = onnxruntime.__version__
-    return {
-        "hostname": socket.gethostname(),
-        "platform": platform.platform(),
-        "cpu": cpu,
-        "logical_cpus": os.cpu_count(),
-        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "versions": versions,
-        "torch_threads": torch_threads,
-        "torch_get_num_threads": torch.get_num_threads(),
-        "onnxruntime_intra_op_threads": "default (0: one per physical core)",
-    }
+    print()
+    return [finish_case(case) for case in prepared], timing
 
 
 # ---- report -------------------------------------------------------------------------------
@@ -346,36 +398,45 @@ def evaluate_targets(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def timing_line(timing: dict[str, Any]) -> str:
+    load = timing["loadavg_1min"]
+    others = timing["other_processes_cpu_fraction"]
+    text = f"Timed phase: {timing['seconds']:.1f} s"
+    if None not in load:
+        text += f", 1-minute load average {load[0]:.1f} before, {load[1]:.1f} after (own threads included)"
+    if others is not None:
+        text += (
+            f"; CPU used by other processes meanwhile: {others:.0%} of the machine (a busy machine "
+            "slows two-thread routes most; the best block is the least disturbed one)"
+        )
+    return text + "."
+
+
 def markdown(report: dict[str, Any]) -> str:
     m = report["machine"]
-    v = m["versions"]
     cfg = report["config"]
     lines = [
         f"# OnnxModule vs torch nn.Sequential, forward + backward "
         f"({report['date']}{', quick' if cfg['quick'] else ''})",
         "",
-        f"Machine: {m['cpu']}, {m['usable_cpus']} usable CPUs; Python {v['python']}, "
-        f"onnxruntime {v.get('onnxruntime')}, torch {v.get('torch')}, "
-        f"ort-train-torch {v.get('ort-train-torch')}; torch threads {m['torch_threads']} "
-        "(torch.set_num_threads), onnxruntime intra-op threads: the default (0: one per physical "
-        "core) in every session the OnnxModule builds.",
+        machine_line(m) + " onnxruntime intra-op threads: the default (0: one per physical core) in every "
+        f"session the OnnxModule builds; ort-train-torch {m['versions'].get('ort-train-torch')}.",
         "",
-        "1-minute load average around each case (this benchmark's own threads included): "
-        + ", ".join(
-            f"{c['name']} {c['loadavg_1min'][0]:.1f}-{c['loadavg_1min'][1]:.1f}"
-            for c in report["cases"]
-            if None not in c["loadavg_1min"]
-        )
-        + ".",
+        timing_line(report["timing"]),
         "",
         f"MLP({', '.join(map(str, cfg['hidden']))}): {cfg['n_features']} float32 features -> "
         f"{' -> '.join(f'{h} ReLU' for h in cfg['hidden'])} -> {cfg['n_outputs']}, the same "
         "weights in both. A step: parameters' .grad = None (and x.grad when x requires grad), "
         "out = module(x), out.backward(grad) with a fixed random output gradient. us/step: "
         f"best of {cfg['repeats']} timed blocks per route (the steps per block are in the "
-        "table) after a warm-up, round-robin over the routes; the median block in brackets. "
+        "table) after a warm-up, round-robin over every route of every case with an untimed "
+        f"{1e3 * SETTLE_SECONDS:.0f} ms pause before each block (the previous route's thread pools "
+        "go idle); the median block beside it. "
         "ratio = OnnxModule / torch us/step with the same input-gradient setting (> 1: "
-        "OnnxModule slower).",
+        "OnnxModule slower). The floor row is ort-train-core's OrtGradientForwardBackward over "
+        "the same graph with every OrtValue made once (TrainingAgent forward + backward, no "
+        "torch autograd, no DLPack per step): OnnxModule minus floor is the adapter's cost, "
+        "floor / torch compares onnxruntime's kernels with torch's.",
         "",
         "| case | route | steps/block | us/step | median us/step | ratio ours/torch | median ratio |",
         "|---|---|---:|---:|---:|---:|---:|",
@@ -392,7 +453,9 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "First call (ms): OnnxModule construction (graph checks, forward/backward graph without "
         "input gradient, session, TrainingAgent) and the first step of each route (the "
-        "x-requires-grad route builds its own graph then).",
+        "x-requires-grad route builds its own graph then). The process's first OnnxModule step "
+        "(batch 100) also pays torch's one-time imports on the first backward through a custom "
+        "autograd Function (torch.fx.experimental.symbolic_shapes, sympy).",
         "",
         "| case | OnnxModule build | "
         + " | ".join(f"first step: {ROUTE_LABELS[k]}" for k in ROUTE_LABELS)
@@ -441,7 +504,9 @@ def markdown(report: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument(
-        "--quick", action="store_true", help=f"steps per block / {QUICK_STEP_DIVISOR}, 5 repeats"
+        "--quick",
+        action="store_true",
+        help=f"steps per block / {QUICK_STEP_DIVISOR}, {QUICK_REPEATS} repeats",
     )
     parser.add_argument(
         "--out",
@@ -451,19 +516,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="override the timed blocks per route")
     args = parser.parse_args(argv)
 
-    repeats = args.repeats or (5 if args.quick else 15)
+    repeats = args.repeats or (QUICK_REPEATS if args.quick else REPEATS)
 
     import ort_train_core  # noqa: F401  (imports onnxruntime before torch, see _runtime.py)
 
-    threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = usable_cpus()
     import torch
 
     torch.set_num_threads(threads)
 
-    cases = []
-    for batch, steps in BATCHES:
-        n = max(1, steps // QUICK_STEP_DIVISOR) if args.quick else steps
-        cases.append(run_case(batch, n, repeats, warmup=n))
+    batches = [(b, max(1, n // QUICK_STEP_DIVISOR) if args.quick else n) for b, n in BATCHES]
+    cases, timing = run_cases(batches, repeats)
 
     date = datetime.date.today().isoformat()
     report = {
@@ -483,15 +546,15 @@ def main(argv: list[str] | None = None) -> int:
             "target_batch": TARGET_BATCH,
         },
         "machine": machine_info(threads),
+        "timing": timing,
         "cases": cases,
     }
     report["targets"] = evaluate_targets(cases)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    host = re.sub(r"[^A-Za-z0-9_.-]", "", socket.gethostname()) or "machine"
-    stem = f"{host}-{date}-torch{'-quick' if args.quick else ''}"
-    (out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / f"{stem}.md").write_text(markdown(report))
+    stem = result_stem("torch", args.quick, date)
+    write_json(out / f"{stem}.json", report)
+    write_text(out / f"{stem}.md", markdown(report))
     print()
     print(markdown(report))
     print(f"wrote {out / stem}.json and .md")
