@@ -4,6 +4,7 @@ Importing this package checks that the *training* build of onnxruntime is instal
 :class:`TrainingRuntimeError` (an ImportError) with the pip commands that fix it otherwise.
 """
 
+from ._io import load_model
 from ._runtime import C as _C  # noqa: F401  (the runtime check happens here)
 from ._version import __version__
 from .callbacks import Callback, EarlyStopping, EpochPrinter, ProgressBar
@@ -71,5 +72,6 @@ __all__ = [
     "default_weights_to_train",
     "initializers_to_inputs",
     "inputs_to_initializers",
+    "load_model",
     "prediction_graph",
 ]

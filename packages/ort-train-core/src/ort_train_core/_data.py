@@ -24,17 +24,58 @@ class DataSpec:
 
 
 def _as_numeric(name: str, value: Any) -> np.ndarray:
-    arr = np.asarray(value)
+    if isinstance(value, np.ma.MaskedArray) and np.ma.is_masked(value):
+        # np.asarray drops the mask: the masked (often garbage) values would be trained on
+        raise TypeError(f"{name} is a masked array with masked values; fill them first (X.filled(...))")
+    try:
+        arr = np.asarray(value)
+    except ValueError as exc:  # ragged nested lists
+        raise ValueError(f"{name} is not a rectangular array of numbers: {exc}") from exc
     if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
         raise TypeError(f"{name} must hold numbers, got dtype {arr.dtype}; convert it with astype(float)")
+    if np.issubdtype(arr.dtype, np.timedelta64):  # numpy files timedelta64 under the integers
+        raise TypeError(f"{name} holds durations (dtype {arr.dtype}); convert them to numbers first")
     if np.issubdtype(arr.dtype, np.complexfloating):
         raise TypeError(f"{name} is complex; only real numbers can be trained on")
     return arr
 
 
+def _all_finite(arr: np.ndarray) -> bool:
+    """Whether a float array holds no NaN or inf, without np.isfinite's boolean temporary
+    (a quarter of a float32 array's size): min and max propagate NaN, and an inf is one of them."""
+    if arr.size == 0:
+        return True
+    with np.errstate(invalid="ignore"):
+        return bool(np.isfinite(arr.min()) and np.isfinite(arr.max()))
+
+
+def _count_non_finite(arr: np.ndarray) -> int:
+    """The number of NaN/inf values (for the error message), counted in chunks."""
+    flat = arr.reshape(-1)
+    chunk = 1 << 20
+    return sum(int(np.count_nonzero(~np.isfinite(flat[k : k + chunk]))) for k in range(0, flat.size, chunk))
+
+
+def _cast(name: str, arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """A C-contiguous copy (or view) in ``dtype``; values beyond its range are refused.
+
+    A float64 1e39 becomes inf in float32 (numpy only warns): the loss would be inf from the
+    first step and the fit would end in a ConvergenceError that blames the learning rate.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = np.ascontiguousarray(arr, dtype=dtype)
+    if out.dtype != arr.dtype and np.issubdtype(out.dtype, np.floating) and not _all_finite(out):
+        bad = _count_non_finite(out)
+        raise ValueError(
+            f"{name} holds {bad} value(s) beyond the range of {dtype} (largest {np.finfo(dtype).max:.3g}), "
+            f"the type the model computes in; scale the data"
+        )
+    return out
+
+
 def _check_finite(name: str, arr: np.ndarray) -> None:
-    if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
-        bad = int(np.count_nonzero(~np.isfinite(arr)))
+    if np.issubdtype(arr.dtype, np.floating) and not _all_finite(arr):
+        bad = _count_non_finite(arr)
         raise ValueError(f"{name} contains {bad} NaN or infinite value(s); remove or impute them first")
 
 
@@ -50,11 +91,8 @@ def check_fit_arrays(
         raise ValueError(f"{prefix}X has no rows")
     if spec.n_features is not None and Xa.shape[1] != spec.n_features:
         raise ValueError(f"{prefix}X has {Xa.shape[1]} features but the model expects {spec.n_features}")
-    Xc = np.ascontiguousarray(Xa, dtype=spec.feature_dtype)
-    if np.issubdtype(Xa.dtype, np.floating):
-        _check_finite(f"{prefix}X", Xa)
-    if Xc.dtype != Xa.dtype:  # float64 values beyond float32's range overflow in the cast
-        _check_finite(f"{prefix}X (after the cast to {spec.feature_dtype})", Xc)
+    _check_finite(f"{prefix}X", Xa)
+    Xc = _cast(f"{prefix}X", Xa, spec.feature_dtype)
     ya = _as_numeric(f"{prefix}y", y)
     if ya.ndim == 0 or ya.shape[0] != n:
         raise ValueError(f"{prefix}y has {ya.shape[0] if ya.ndim else 0} rows but X has {n}")
@@ -74,6 +112,12 @@ def check_fit_arrays(
                 f"{prefix}y holds class index {int(ya.max())} but the model predicts {spec.n_classes} "
                 f"classes; encode classes as 0..{spec.n_classes - 1}"
             )
+        # without n_classes, a huge index would wrap around (or be undefined) in the cast
+        top = np.iinfo(spec.label_dtype).max
+        if ya.size and ya.max() > top:
+            raise ValueError(
+                f"{prefix}y holds class index {ya.max()} beyond the label type {spec.label_dtype}"
+            )
         yc = np.ascontiguousarray(ya, dtype=spec.label_dtype)
     else:
         tail = spec.label_tail
@@ -84,7 +128,7 @@ def check_fit_arrays(
         if ya.ndim != len(tail) + 1 or any(d is not None and d != k for d, k in zip(tail, ya.shape[1:])):
             want = ", ".join(["n", *(str(d) if d is not None else "?" for d in tail)])
             raise ValueError(f"{prefix}y has shape {ya.shape} but the model's label expects ({want})")
-        yc = np.ascontiguousarray(ya, dtype=spec.label_dtype)
+        yc = _cast(f"{prefix}y", ya, spec.label_dtype)
     wc = None
     if sample_weight is not None:
         if not spec.has_weight:
@@ -100,7 +144,7 @@ def check_fit_arrays(
             raise ValueError(f"{prefix}sample_weight holds negative values; weights must be >= 0")
         if not wa.any():
             raise ValueError(f"{prefix}sample_weight is all zeros: there is nothing to learn from")
-        wc = np.ascontiguousarray(wa, dtype=spec.feature_dtype)
+        wc = _cast(f"{prefix}sample_weight", wa, spec.feature_dtype)
     elif spec.has_weight:
         wc = np.ones(n, dtype=spec.feature_dtype)
     return Xc, yc, wc
@@ -109,9 +153,12 @@ def check_fit_arrays(
 class BatchStore:
     """The training arrays on the device once per fit, cut into fixed batch views.
 
-    On CPU the batch OrtValues view one buffer; a shuffled epoch rewrites that buffer in place
-    (one gather per epoch) so that every batch keeps its data pointer and its binding. On CUDA
-    each batch is its own device tensor, uploaded once (and again per shuffled epoch).
+    On CPU without shuffling the batch OrtValues view the caller's arrays (no copy). With
+    shuffling, every batch of a size views one batch-sized buffer per array, which
+    :meth:`fill` gathers the batch's rows into just before its step: each batch keeps its data
+    pointer and its binding, and the data are never copied whole (a per-epoch gather into a
+    full-size buffer held 2x the data at its peak). On CUDA each batch is its own device tensor,
+    uploaded once (and again per shuffled epoch).
     """
 
     def __init__(self, arrays: list[np.ndarray], batch_size: int, device: Device, shuffle: bool) -> None:
@@ -122,10 +169,14 @@ class BatchStore:
         self.device = device
         self.batches: list[list[Any]] = []
         self._keep: list[Any] = []
+        self._order: np.ndarray | None = None
+        #: whether the fit loop must call fill(i) before step i
+        self.gathers = device.kind == "cpu" and shuffle
         if device.kind == "cpu":
-            self.buffers = [np.empty_like(a) for a in arrays] if shuffle else arrays
+            rows = self.bounds[0][1] - self.bounds[0][0] if self.bounds and shuffle else 0
+            self.buffers = [np.empty((rows, *a.shape[1:]), dtype=a.dtype) for a in arrays] if shuffle else []
             for s, e in self.bounds:
-                views = [buf[s:e] for buf in self.buffers]
+                views = [buf[: e - s] for buf in self.buffers] if shuffle else [a[s:e] for a in arrays]
                 self._keep.append(views)
                 self.batches.append([C.OrtValue.ortvalue_from_numpy(v, device.ort_device) for v in views])
         else:
@@ -134,17 +185,26 @@ class BatchStore:
             self.batches = [[d.ortvalue for d in row] for row in self._device_batches]
 
     def load(self, order: np.ndarray | None) -> None:
-        """Puts the rows in ``order`` (None keeps the current content)."""
+        """Sets the epoch's row order (None keeps the current content)."""
         if order is None:
             return
         if self.device.kind == "cpu":
-            for src, buf in zip(self.sources, self.buffers):
-                np.take(src, order, axis=0, out=buf)
+            self._order = order
         else:
             for (s, e), row in zip(self.bounds, self._device_batches):
                 idx = order[s:e]
                 for src, dev in zip(self.sources, row):
                     dev.write(src[idx])
+
+    def fill(self, batch: int) -> None:
+        """Gathers batch ``batch`` of the current order into the CPU batch buffers."""
+        order = self._order
+        if order is None:
+            raise RuntimeError("fill() needs load(order) first")
+        s, e = self.bounds[batch]
+        for src, buf in zip(self.sources, self.buffers):
+            # mode='clip': the order is a permutation; the default 'raise' copies `out` first
+            np.take(src, order[s:e], axis=0, out=buf[: e - s], mode="clip")
 
     def batch_totals(self, weights: np.ndarray | None, order: np.ndarray | None) -> np.ndarray:
         """Each batch's total sample weight (its weight in the epoch's mean loss)."""

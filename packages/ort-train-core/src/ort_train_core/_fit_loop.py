@@ -1,6 +1,6 @@
 """The fit loop both trainers share: epochs, batches, validation, early stopping, callbacks,
-history, state, rollback on divergence, Ctrl-C, pickling. A trainer only says how one step runs
-(:class:`StepRunner`)."""
+history, state, rollback on divergence, Ctrl-C, checkpoints, pickling. A trainer only says how
+one step runs (:class:`StepRunner`)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from ._data import BatchStore, DataSpec, check_fit_arrays
 from ._params import ParamsMixin
 from ._runtime import Device, parse_device
 from .callbacks import Callback, EarlyStopping, EpochPrinter, ProgressBar
+from .checkpoint import CHECKPOINT_FILE, read_checkpoint, write_checkpoint
 from .exceptions import ConvergenceError, ConvergenceWarning
 from .learning_rate import BaseLearningRate, make_learning_rate
 
@@ -65,6 +66,11 @@ def _positive_int(name: str, value: Any) -> int:
     return int(value)
 
 
+def _all_finite(state: TrainingState) -> bool:
+    arrays = [*state.weights.values(), *(a for states in state.optimizer.values() for a in states)]
+    return all(bool(np.isfinite(a).all()) for a in arrays)
+
+
 class BaseOrtTrainer(ParamsMixin):
     """Shared parameters and the fit loop. Subclasses implement the abstract hooks."""
 
@@ -81,6 +87,8 @@ class BaseOrtTrainer(ParamsMixin):
     tol: float | None
     n_iter_no_change: int
     callbacks: Sequence[Callback] | None
+    checkpoint_dir: str | os.PathLike[str] | None
+    checkpoint_every: int
 
     # ---- hooks of a concrete trainer -------------------------------------------------
     def _prepare_graphs(self, device: Device, lr: BaseLearningRate) -> None:
@@ -108,6 +116,10 @@ class BaseOrtTrainer(ParamsMixin):
         raise NotImplementedError
 
     def _graphs_to_save(self) -> dict[str, ModelProto]:
+        raise NotImplementedError
+
+    def _fingerprint(self) -> str:
+        """What a checkpoint must match: the hash of the graph being trained."""
         raise NotImplementedError
 
     def _batches_weighted_by_sample_weight(self) -> bool:
@@ -138,7 +150,19 @@ class BaseOrtTrainer(ParamsMixin):
         lr = make_learning_rate(self.learning_rate)
         lr.validate()
         device = parse_device(self.device)
+        self._checkpoint_path()
         return device, lr
+
+    def _checkpoint_path(self) -> str | None:
+        """``checkpoint_dir/checkpoint.npz``, or None without checkpoint_dir (validates both
+        checkpoint parameters)."""
+        folder = getattr(self, "checkpoint_dir", None)
+        if folder is None:
+            return None
+        if not isinstance(folder, (str, os.PathLike)):
+            raise TypeError(f"checkpoint_dir must be None or a folder path, not {type(folder).__name__}")
+        _positive_int("checkpoint_every", getattr(self, "checkpoint_every", 1))
+        return os.path.join(os.fspath(folder), CHECKPOINT_FILE)
 
     def _make_callbacks(self) -> tuple[list[Callback], EarlyStopping | None]:
         cbs: list[Callback] = []
@@ -162,7 +186,43 @@ class BaseOrtTrainer(ParamsMixin):
         y_val: Any = None,
         sample_weight_val: Any = None,
     ) -> BaseOrtTrainer:
-        """Trains ``max_iter`` epochs (fewer with early stopping); continues with ``warm_start``."""
+        """Trains ``max_iter`` epochs (fewer with early stopping); continues with ``warm_start``.
+
+        With ``checkpoint_dir``, writes ``checkpoint_dir/checkpoint.npz`` every
+        ``checkpoint_every`` completed epochs, at the end, and on Ctrl-C (see :meth:`resume`)."""
+        return self._fit(X, y, sample_weight, X_val, y_val, sample_weight_val, resume=False)
+
+    def resume(
+        self,
+        X: Any,
+        y: Any,
+        sample_weight: Any = None,
+        X_val: Any = None,
+        y_val: Any = None,
+        sample_weight_val: Any = None,
+    ) -> BaseOrtTrainer:
+        """Continues the fit saved in ``checkpoint_dir`` up to ``max_iter`` epochs in all; starts a
+        new fit when there is no checkpoint yet, so a job can always call ``resume``.
+
+        Give the same data and settings: the weights, optimizer states, step count, shuffling
+        RNG, loss history and early-stopping counters are restored, so the run ends with the
+        weights an uninterrupted fit would have. A checkpoint holds the state at the end of a
+        complete epoch (a Ctrl-C mid-epoch saves the previous epoch end): the steps of a partial
+        epoch are done again."""
+        if self._checkpoint_path() is None:
+            raise ValueError("resume reads checkpoint_dir/checkpoint.npz: set checkpoint_dir")
+        return self._fit(X, y, sample_weight, X_val, y_val, sample_weight_val, resume=True)
+
+    def _fit(
+        self,
+        X: Any,
+        y: Any,
+        sample_weight: Any,
+        X_val: Any,
+        y_val: Any,
+        sample_weight_val: Any,
+        resume: bool,
+    ) -> BaseOrtTrainer:
         device, lr = self._validate_params()
         self._prepare_graphs(device, lr)
         spec = self._data_spec()
@@ -172,12 +232,17 @@ class BaseOrtTrainer(ParamsMixin):
             raise ValueError("give both X_val and y_val, or neither")
         if X_val is not None:
             validation = check_fit_arrays(spec, X_val, y_val, sample_weight_val, prefix="validation ")
-        continuing = bool(self.warm_start) and getattr(self, "_state", None) is not None
+        path = self._checkpoint_path()
+        resuming = resume and path is not None and os.path.exists(path)
+        if resuming:
+            assert path is not None
+            self.load_checkpoint(path)
+        continuing = resuming or (bool(self.warm_start) and getattr(self, "_state", None) is not None)
         previous_lr: str | None = getattr(self, "_lr_signature", None)
         if continuing and previous_lr is not None and previous_lr != repr(lr):
             raise ValueError(
-                "warm_start=True continues the optimizer state, but the learning rate changed "
-                f"({previous_lr} -> {lr!r}); fit with warm_start=False to restart"
+                "continuing a fit (warm_start=True or resume) continues the optimizer state, but the "
+                f"learning rate changed ({previous_lr} -> {lr!r}); fit with warm_start=False to restart"
             )
         if not continuing:
             self._state = self._initial_state()
@@ -186,21 +251,44 @@ class BaseOrtTrainer(ParamsMixin):
             self.train_losses_: list[float] = []
             self.validation_losses_: list[float] = []
         self._lr_signature = repr(lr)
+        n_epochs = int(self.max_iter) - self.n_iter_ if resuming else int(self.max_iter)
+        if n_epochs <= 0:
+            return self
         arrays = [a for a in (Xc, yc, wc) if a is not None]
         store = BatchStore(arrays, int(self.batch_size), device, bool(self.shuffle))
         runner = self._make_runner(store, self._state, device, lr, validation)
-        self._run_epochs(runner, store, wc if self._batches_weighted_by_sample_weight() else None)
+        self._run_epochs(
+            runner,
+            store,
+            wc if self._batches_weighted_by_sample_weight() else None,
+            n_epochs,
+            replay_history=resuming,
+        )
         return self
 
-    def _run_epochs(self, runner: StepRunner, store: BatchStore, weights: np.ndarray | None) -> None:
+    def _run_epochs(
+        self,
+        runner: StepRunner,
+        store: BatchStore,
+        weights: np.ndarray | None,
+        n_epochs: int,
+        replay_history: bool = False,
+    ) -> None:
         callbacks, early = self._make_callbacks()
-        n_epochs = int(self.max_iter)
         for cb in callbacks:
             cb.on_train_begin(self, n_epochs)
+        if replay_history and early is not None and _replay(early, self) and early.stopped:
+            for cb in callbacks:  # the checkpointed run had already stopped early
+                cb.on_train_end(self)
+            return
+        ckpt = self._checkpoint_path()
+        every = int(self.checkpoint_every) if ckpt is not None else 0
+        written = -1
         n_batches = len(store.bounds)
         losses = np.empty(n_batches, dtype=np.float64)
         stopped_early = interrupted = False
         step, isfinite = runner.step, math.isfinite  # locals: the per-step path is a few us
+        fill = store.fill if store.gathers else None
         # the weights at the end of the last complete epoch: what a divergence rolls back to
         snapshot = runner.snapshot()
         try:
@@ -208,12 +296,16 @@ class BaseOrtTrainer(ParamsMixin):
                 stop_requested = flag.is_set
                 for _ in range(n_epochs):
                     epoch = self.n_iter_
+                    # the RNG as the last complete epoch left it: what a Ctrl-C checkpoint saves
+                    rng_state = self._rng.bit_generator.state if ckpt is not None else None
                     order = self._rng.permutation(store.n) if self.shuffle else None
                     store.load(order)
                     totals = store.batch_totals(weights, order)
                     runner.set_epoch(epoch)
                     done = 0
                     for i in range(n_batches):
+                        if fill is not None:
+                            fill(i)
                         loss = step(i)
                         if not isfinite(loss):
                             runner.restore(snapshot)
@@ -231,7 +323,23 @@ class BaseOrtTrainer(ParamsMixin):
                             break
                     if done < n_batches:  # Ctrl-C: keep the steps taken, record no epoch
                         interrupted = True
+                        if ckpt is not None:  # the last epoch end, so that resume is exact
+                            self._write_checkpoint(ckpt, snapshot, rng_state)
+                            written = self.n_iter_
                         break
+                    # a gradient can overflow while the loss it came from is finite: the
+                    # epoch's last step would then hand back inf weights without an error
+                    candidate = runner.snapshot()
+                    if not _all_finite(candidate):
+                        runner.restore(snapshot)
+                        self._state = snapshot
+                        raise ConvergenceError(
+                            f"the weights became infinite or NaN at epoch {epoch + 1} (a gradient "
+                            "overflowed while the loss stayed finite): weights were restored to the end "
+                            "of the last complete epoch; lower the learning rate or scale the data",
+                            epoch=epoch,
+                            batch=n_batches - 1,
+                        )
                     self.n_iter_ += 1
                     logs = {"train_loss": float(np.dot(losses, totals) / totals.sum())}
                     self.train_losses_.append(logs["train_loss"])
@@ -248,30 +356,40 @@ class BaseOrtTrainer(ParamsMixin):
                             batch=n_batches - 1,
                         )
                     # callbacks see this epoch's weights through get_state()
-                    snapshot = runner.snapshot()
+                    snapshot = candidate
                     self._state = snapshot
+                    if ckpt is not None and self.n_iter_ % every == 0:
+                        self._write_checkpoint(ckpt, snapshot, self._rng.bit_generator.state)
+                        written = self.n_iter_
                     stop = False
                     for cb in callbacks:
                         stop = bool(cb.on_epoch_end(self, epoch, logs)) or stop
                     if stop:
                         stopped_early = True
                         break
-            self._state = runner.snapshot()
+            final = runner.snapshot()
+            if not _all_finite(final):  # Ctrl-C after a step that overflowed
+                runner.restore(snapshot)
+                final = snapshot
+            self._state = final
+            if ckpt is not None and written != self.n_iter_:  # the end of the fit
+                self._write_checkpoint(ckpt, snapshot, self._rng.bit_generator.state)
         finally:
             for cb in callbacks:
                 cb.on_train_end(self)
         if interrupted:
+            saved = f"; {ckpt} holds the end of epoch {self.n_iter_} for resume()" if ckpt else ""
             warnings.warn(
                 f"training interrupted (Ctrl-C) during epoch {self.n_iter_ + 1}; the weights are "
-                "those after the last completed step",
+                f"those after the last completed step{saved}",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
         elif early is not None and not stopped_early:
             warnings.warn(
                 f"max_iter={self.max_iter} reached before the loss stopped improving by tol={self.tol}",
                 ConvergenceWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
 
     # ---- state -----------------------------------------------------------------------
@@ -303,6 +421,95 @@ class BaseOrtTrainer(ParamsMixin):
             self.validation_losses_ = []
             self._rng = np.random.default_rng(self.random_state)
 
+    # ---- checkpoints -----------------------------------------------------------------
+    def save_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        """Writes the training state (weights, optimizer states, step and epoch counts, shuffling
+        RNG, loss history, learning rate, model fingerprint) to ``path`` atomically, as an
+        ``.npz`` without pickle. A fit resumed from it is exact when it was taken at the end of
+        an epoch (as ``checkpoint_dir`` checkpoints are)."""
+        if not hasattr(self, "n_iter_"):
+            raise ValueError("nothing to save: fit the trainer (or set_state) first")
+        self._write_checkpoint(os.fspath(path), self._current_state(), self._rng.bit_generator.state)
+
+    def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
+        """Restores what :meth:`save_checkpoint` wrote; a following fit with ``warm_start=True``
+        (or :meth:`resume`) continues from there. Refuses a checkpoint of another model or of
+        other trained weights (ValueError)."""
+        path = os.fspath(path)
+        arrays, meta = read_checkpoint(path)
+        try:
+            self._restore_checkpoint(path, arrays, meta)
+        except (KeyError, TypeError, IndexError) as exc:
+            raise ValueError(f"{path} is a malformed checkpoint: {exc!r}") from exc
+
+    def _write_checkpoint(self, path: str, state: TrainingState, rng_state: Mapping[str, Any] | None) -> None:
+        names = list(state.weights)
+        arrays: dict[str, np.ndarray] = {}
+        n_states = []
+        for i, name in enumerate(names):
+            arrays[f"w{i}"] = state.weights[name]
+            opt = state.optimizer.get(name, [])
+            n_states.append(len(opt))
+            for j, value in enumerate(opt):
+                arrays[f"s{i}_{j}"] = value
+        meta = {
+            "trainer": type(self).__name__,
+            "fingerprint": self._fingerprint(),
+            "weights": names,
+            "n_states": n_states,
+            "n_steps": int(state.n_steps),
+            "n_iter_": int(self.n_iter_),
+            "train_losses_": [float(v) for v in self.train_losses_],
+            "validation_losses_": [float(v) for v in self.validation_losses_],
+            "lr_signature": getattr(self, "_lr_signature", None),
+            "rng": _jsonable(rng_state),
+            "batch_size": int(self.batch_size),
+            "shuffle": bool(self.shuffle),
+        }
+        write_checkpoint(path, arrays, meta)
+
+    def _restore_checkpoint(self, path: str, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+        expected = self._fingerprint()
+        if meta["fingerprint"] != expected:
+            raise ValueError(
+                f"{path} is a checkpoint of another model (trainer {meta.get('trainer')!r}, graph "
+                f"fingerprint {str(meta['fingerprint'])[:12]}..., this one {expected[:12]}...): "
+                "load it into a trainer built from the same graph and loss"
+            )
+        initial = self._initial_state()
+        names = list(meta["weights"])
+        if names != list(initial.weights):
+            raise ValueError(f"{path} holds weights {names} but this trainer trains {list(initial.weights)}")
+        weights: dict[str, np.ndarray] = {}
+        optimizer: dict[str, list[np.ndarray]] = {}
+        for i, name in enumerate(names):
+            ref = initial.weights[name]
+            weights[name] = _checked(path, name, arrays[f"w{i}"], ref)
+            states = [_checked(path, name, arrays[f"s{i}_{j}"], ref) for j in range(int(meta["n_states"][i]))]
+            if states:
+                optimizer[name] = states
+        n_steps, n_iter = int(meta["n_steps"]), int(meta["n_iter_"])
+        if n_steps < 0 or n_iter < 0:
+            raise ValueError(f"{path} holds negative step or epoch counts")
+        rng = np.random.default_rng(self.random_state)
+        if meta.get("rng") is not None:
+            state = _from_jsonable(meta["rng"])
+            kind = state["bit_generator"]
+            if kind not in _BIT_GENERATORS:  # the file names a class: never let it name any callable
+                raise ValueError(f"{path}: unknown random bit generator {kind!r}")
+            rng = np.random.Generator(getattr(np.random, kind)())
+            try:
+                rng.bit_generator.state = state
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"{path}: invalid random generator state: {exc}") from exc
+        self._state = TrainingState(weights, optimizer, n_steps)
+        self._rng = rng
+        self.n_iter_ = n_iter
+        self.train_losses_ = [float(v) for v in meta["train_losses_"]]
+        self.validation_losses_ = [float(v) for v in meta["validation_losses_"]]
+        if meta.get("lr_signature") is not None:
+            self._lr_signature = str(meta["lr_signature"])
+
     def get_trained_onnx(self) -> ModelProto:
         """The prediction graph with the current weights as initializers."""
         from .graph import inputs_to_initializers
@@ -329,6 +536,51 @@ class BaseOrtTrainer(ParamsMixin):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+
+
+_BIT_GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")
+
+
+def _replay(early: EarlyStopping, trainer: BaseOrtTrainer) -> bool:
+    """Feeds a restored loss history to a new early-stopping callback, as the checkpointed run
+    fed it; True when there was a history."""
+    val = trainer.validation_losses_
+    for epoch, loss in enumerate(trainer.train_losses_):
+        logs = {"train_loss": loss}
+        if epoch < len(val):
+            logs["validation_loss"] = val[epoch]
+        early.on_epoch_end(trainer, epoch, logs)
+    return bool(trainer.train_losses_)
+
+
+def _checked(path: str, name: str, value: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    if value.shape != ref.shape or value.dtype != ref.dtype:
+        raise ValueError(
+            f"{path}: weight {name!r} has shape {value.shape} and dtype {value.dtype}, the model's "
+            f"{ref.shape} and {ref.dtype}"
+        )
+    if not np.isfinite(value).all():
+        raise ValueError(f"{path}: weight {name!r} or its optimizer state holds NaN or inf")
+    return np.array(value, copy=True)
+
+
+def _jsonable(value: Any) -> Any:
+    """A bit generator's state as JSON (PCG64's is ints already; MT19937's holds an array)."""
+    if isinstance(value, np.ndarray):
+        return {"__ndarray__": value.tolist(), "dtype": str(value.dtype)}
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+def _from_jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        if "__ndarray__" in value:
+            return np.asarray(value["__ndarray__"], dtype=value["dtype"])
+        return {k: _from_jsonable(v) for k, v in value.items()}
+    return value
 
 
 class _Flag:

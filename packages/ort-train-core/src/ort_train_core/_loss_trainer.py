@@ -12,6 +12,7 @@ from ._binding import make_session
 from ._data import DataSpec
 from ._fit_loop import BaseOrtTrainer, TrainingState
 from ._runtime import Device
+from .checkpoint import model_fingerprint
 from .graph import (
     check_weights,
     default_weights_to_train,
@@ -141,6 +142,13 @@ class LossGraphTrainer(BaseOrtTrainer):
         weights, *_ = self._names()
         model: ModelProto = self._graph_cache[("trainable", tuple(weights))]
         return model
+
+    def _fingerprint(self) -> str:
+        weights, *_ = self._names()
+        model = self._graph_cache.get(("trainable", tuple(weights)))
+        if model is None:
+            model = initializers_to_inputs(self._model(), weights)
+        return model_fingerprint(model)
 
     def _evaluator(self, device: Device) -> Any:
         key = ("eval", str(device))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -73,6 +74,7 @@ class OrtGradientOptimizer(LossGraphTrainer):
 
     Every distinct batch size gets its own fused graph with a fixed batch dimension, which lets
     onnxruntime drop the run-time shape arithmetic of the gradient (about half the kernels).
+    ``checkpoint_dir``/``checkpoint_every``: see :meth:`fit` and :meth:`resume`.
     """
 
     def __init__(
@@ -93,6 +95,8 @@ class OrtGradientOptimizer(LossGraphTrainer):
         tol: float | None = None,
         n_iter_no_change: int = 5,
         callbacks: Sequence[Callback] | None = None,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        checkpoint_every: int = 1,
     ) -> None:
         self.model_onnx = model_onnx
         self.weights_to_train = weights_to_train
@@ -110,6 +114,8 @@ class OrtGradientOptimizer(LossGraphTrainer):
         self.tol = tol
         self.n_iter_no_change = n_iter_no_change
         self.callbacks = callbacks
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every = checkpoint_every
 
     def _model_key(self) -> tuple[Any, ...]:
         return (id(self.model_onnx), self.loss_output_name)

@@ -4,6 +4,7 @@ is the one the full loop uses; only the step differs."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,6 +51,7 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
 
     ``learning_penalty`` applies to every trained weight of rank >= 2 (not biases).
     ``weight_name`` names the sample-weight input of the loss graphs it builds.
+    ``checkpoint_dir``/``checkpoint_every``: see :meth:`fit` and :meth:`resume`.
     """
 
     def __init__(
@@ -72,6 +74,8 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
         tol: float | None = None,
         n_iter_no_change: int = 5,
         callbacks: Sequence[Callback] | None = None,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        checkpoint_every: int = 1,
     ) -> None:
         self.model_onnx = model_onnx
         self.weights_to_train = weights_to_train
@@ -91,6 +95,8 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
         self.tol = tol
         self.n_iter_no_change = n_iter_no_change
         self.callbacks = callbacks
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every = checkpoint_every
 
     # ---- the pieces ------------------------------------------------------------------------
     def _loss(self) -> BaseLearningLoss:

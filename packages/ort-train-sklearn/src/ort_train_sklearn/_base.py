@@ -47,6 +47,25 @@ _COMMON_CONSTRAINTS: dict[str, list[Any]] = {
 }
 
 
+def _to_float32(name: str, values: Any) -> np.ndarray:
+    """``values`` as a C-contiguous float32 array; values beyond float32's range are refused.
+
+    The graphs compute in float32: a float64 1e39 would become inf in the cast (numpy only
+    warns), then an inf prediction, or a fit refused for an "infinite value" the caller never
+    passed.
+    """
+    arr = np.asarray(values)
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = np.ascontiguousarray(arr, dtype=np.float32)
+    if out.dtype != arr.dtype and not np.isfinite(out).all() and np.isfinite(arr).all():
+        bad = int(np.count_nonzero(~np.isfinite(out)))
+        raise ValueError(
+            f"{name} holds {bad} value(s) beyond the range of float32 (largest "
+            f"{np.finfo(np.float32).max:.3g}), the type the model computes in; scale the data"
+        )
+    return out
+
+
 class OrtEstimatorMixin(BaseEstimator):
     """Subclasses provide the graph, the loss and the learning rate; this class trains."""
 
@@ -96,7 +115,7 @@ class OrtEstimatorMixin(BaseEstimator):
     # ---- fit ----------------------------------------------------------------------------
     def _prepare_targets(self, y: np.ndarray, first: bool, classes: Any = None) -> tuple[np.ndarray, int]:
         if not self._is_classifier:
-            y = np.asarray(y, dtype=np.float32)
+            y = _to_float32("y", y)
             if y.ndim == 2 and y.shape[1] == 1:
                 warnings.warn(
                     "A column-vector y was passed when a 1d array was expected. Please change the "
@@ -138,11 +157,14 @@ class OrtEstimatorMixin(BaseEstimator):
             multi_output=self._multi_output,
             y_numeric=not self._is_classifier,
         )
-        X = X.astype(np.float32, copy=False)
+        X = _to_float32("X", X)
         y_enc, n_outputs = self._prepare_targets(y, first, classes)
         sw = None
         if sample_weight is not None:
-            sw = _check_sample_weight(sample_weight, X, dtype=np.float32, ensure_non_negative=True)
+            # checked in float64, then cast: a weight beyond float32 is refused by _to_float32
+            # (scikit-learn's own cast would overflow with a RuntimeWarning first)
+            sw = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True)
+            sw = _to_float32("sample_weight", sw)
             if not sw.any():
                 raise ValueError("sample_weight is all zeros: there is nothing to learn from")
             if not self._rows_weighted and not sw.all():
@@ -275,7 +297,7 @@ class OrtEstimatorMixin(BaseEstimator):
         check_is_fitted(self, "_trainer")
         X = validate_data(self, X, reset=False, dtype=(np.float64, np.float32))
         dtype = X.dtype
-        X = np.ascontiguousarray(X, dtype=np.float32)
+        X = _to_float32("X", X)
         sessions = self.__dict__.setdefault("_sessions", {})
         if kind not in sessions:
             import onnxruntime

@@ -56,7 +56,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
-from ort_train_core import GraphNotDifferentiableError
+from ort_train_core import GraphNotDifferentiableError, load_model
 from ort_train_core.graph import (
     all_names,
     ancestors,
@@ -142,10 +142,8 @@ def to_trainable_graph(model: Any, X_sample: Any = None) -> TrainableGraph:
             raise ValueError(f"the bytes are not a serialised ONNX model ({exc})") from exc
         return _from_onnx(proto, X_sample)
     if isinstance(model, (str, os.PathLike)):
-        path = os.fspath(model)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"no ONNX file at {path!r}")
-        return _from_onnx(onnx.load(path), X_sample)
+        # untrusted files: external data must stay in the model's folder, clear parse errors
+        return _from_onnx(load_model(model), X_sample)
     if _is_sklearn_estimator(model):
         return _from_estimator(model, X_sample)
     raise TypeError(

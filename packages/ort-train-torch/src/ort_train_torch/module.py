@@ -21,7 +21,7 @@ from onnx import ModelProto, TensorProto
 from torch import nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from ort_train_core import OrtGradientForwardBackward
+from ort_train_core import OrtGradientForwardBackward, load_model
 from ort_train_core._runtime import C
 from ort_train_core.forward_backward import PendingForward
 from ort_train_core.graph import initializer_values, inputs_to_initializers, normalise_model
@@ -54,9 +54,19 @@ def ortvalue_from_tensor(tensor: torch.Tensor) -> Any:
     t = tensor.detach()
     if not t.is_contiguous():
         t = t.contiguous()
-    if t.dtype == torch.bool:
-        return C.OrtValue.from_dlpack(_to_dlpack(t.to(torch.uint8)), True)
-    return C.OrtValue.from_dlpack(_to_dlpack(t), False)
+    is_bool = t.dtype == torch.bool
+    if is_bool:
+        t = t.to(torch.uint8)
+    try:
+        return C.OrtValue.from_dlpack(_to_dlpack(t), is_bool)
+    except RuntimeError:
+        if t.numel():
+            raise
+        # torch calls every empty tensor contiguous whatever its strides (the gradient of a sum
+        # over an empty batch is an expanded one) but onnxruntime checks the strides: an empty
+        # tensor has no data to keep, a fresh one with row-major strides does
+        fresh = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+        return C.OrtValue.from_dlpack(_to_dlpack(fresh), is_bool)
 
 
 def tensor_from_ortvalue(value: Any) -> torch.Tensor:
@@ -71,9 +81,17 @@ def _load(model_onnx: Any) -> ModelProto:
     if isinstance(model_onnx, ModelProto):
         return model_onnx
     if isinstance(model_onnx, bytes | bytearray):
-        return onnx.load_from_string(bytes(model_onnx))
+        model = ModelProto()
+        try:
+            model.ParseFromString(bytes(model_onnx))
+        except Exception as exc:  # protobuf's DecodeError
+            raise ValueError(f"model_onnx: the bytes are not a valid ONNX model: {exc}") from exc
+        if not model.HasField("graph"):
+            raise ValueError("model_onnx: the bytes are not a valid ONNX model (no graph)")
+        return model
     if isinstance(model_onnx, str | os.PathLike):
-        return onnx.load(os.fspath(model_onnx))
+        # a file may be truncated or hostile (external data pointing out of its folder)
+        return load_model(model_onnx)
     raise TypeError(
         f"model_onnx must be an onnx.ModelProto, serialized bytes or a path, not {type(model_onnx).__name__}"
     )
@@ -180,8 +198,11 @@ class OnnxModule(nn.Module):
         self.input_names: list[str] = list(probe.input_names)
         self.output_names: list[str] = list(probe.output_names)
         weights = list(probe.weights_to_train)
-        graph_inputs = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
-        self._input_dtypes = [_TORCH_DTYPES.get(graph_inputs[n]) for n in self.input_names]
+        graph_inputs = {i.name: i for i in model.graph.input}
+        self._input_dtypes = [
+            _TORCH_DTYPES.get(graph_inputs[n].type.tensor_type.elem_type) for n in self.input_names
+        ]
+        self._input_shapes = [_declared_shape(graph_inputs[n]) for n in self.input_names]
         attrs = _attribute_names(weights)
         self.onnx_names: dict[str, str] = dict(zip(attrs, weights))
         values = initializer_values(model, weights)
@@ -248,6 +269,17 @@ class OnnxModule(nn.Module):
                     f"input {k} ({name!r}) is on {t.device} but the module's parameters are on {device}; "
                     "move one of them (module.to(device) or x.to(device))"
                 )
+            # the training graph does not check shapes: a (3,) input where the graph declares
+            # (N, 3) would run as one row and answer (1, k) instead of an error
+            shapes = getattr(self, "_input_shapes", None)  # None: unpickled from an older version
+            shape = shapes[k] if shapes is not None else None
+            if shape is not None and (
+                t.dim() != len(shape) or any(d is not None and d != n for d, n in zip(shape, t.shape))
+            ):
+                want = ", ".join("?" if d is None else str(d) for d in shape)
+                raise ValueError(
+                    f"input {k} ({name!r}) has shape {tuple(t.shape)} but the model expects ({want})"
+                )
 
     def forward(self, *inputs: torch.Tensor) -> Any:
         params = [getattr(self, attr) for attr in self.onnx_names]
@@ -260,6 +292,13 @@ class OnnxModule(nn.Module):
             and (any(needs_grad) or any(p.requires_grad for p in params))
         )
         if training:
+            for k, t in enumerate(inputs):
+                if t.numel() == 0:  # its backward would fail in onnxruntime's gradient kernels
+                    raise ValueError(
+                        f"input {k} ({self.input_names[k]!r}) is empty (shape {tuple(t.shape)}): onnxruntime "
+                        "cannot differentiate an empty batch; skip it, or run it in eval() mode or "
+                        "under torch.no_grad()"
+                    )
             requiring = tuple(n for n, needed in zip(self.input_names, needs_grad) if needed)
             fb = self._forward_backward(device, requiring)
             outputs: tuple[torch.Tensor, ...] = _OnnxFunction.apply(  # type: ignore[no-untyped-call]
@@ -282,6 +321,16 @@ class OnnxModule(nn.Module):
     def save(self, path: str | os.PathLike[str]) -> None:
         """Writes :meth:`to_onnx` to ``path``."""
         onnx.save(self.to_onnx(), os.fspath(path))
+
+
+def _declared_shape(value_info: onnx.ValueInfoProto) -> tuple[int | None, ...] | None:
+    """The input's declared shape, None for a free dimension; None when the graph gives none."""
+    tensor_type = value_info.type.tensor_type
+    if not tensor_type.HasField("shape"):
+        return None
+    return tuple(
+        d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in tensor_type.shape.dim
+    )
 
 
 def _ort_device(device: torch.device) -> str:

@@ -1,0 +1,113 @@
+"""Checkpoint files: a trainer's whole training state in one ``.npz`` without pickle.
+
+Arrays (weights, optimizer states) are stored under positional keys (``w0``, ``s0_0``...) so
+that any weight name is safe; everything else (names, step and epoch counts, the shuffling RNG's
+state, the loss history, the learning-rate signature, the model fingerprint) is one JSON
+document stored as bytes under ``meta``. Loading uses ``allow_pickle=False``: a checkpoint from
+elsewhere can hold wrong numbers, never code.
+
+Files are written atomically (a temporary file in the same folder, flushed and fsynced, then
+``os.replace``): a crash or SIGKILL leaves either the previous checkpoint or the new one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from onnx import ModelProto
+
+#: the file a trainer with ``checkpoint_dir`` writes in that folder
+CHECKPOINT_FILE = "checkpoint.npz"
+FORMAT = "ort-train-checkpoint"
+FORMAT_VERSION = 1
+
+__all__ = ["CHECKPOINT_FILE", "checkpoint_info", "model_fingerprint", "read_checkpoint", "write_checkpoint"]
+
+
+def model_fingerprint(model: ModelProto) -> str:
+    """sha256 of a graph's deterministic serialization: the same architecture (trained weights
+    as inputs, so their values do not count) gives the same fingerprint in any process."""
+    return hashlib.sha256(model.graph.SerializeToString(deterministic=True)).hexdigest()
+
+
+def write_checkpoint(
+    path: str | os.PathLike[str], arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]
+) -> None:
+    """Writes ``arrays`` and the JSON-serializable ``meta`` to ``path`` atomically."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    document = {"format": FORMAT, "format_version": FORMAT_VERSION, **meta}
+    payload = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+    payload["meta"] = np.frombuffer(json.dumps(document).encode("utf-8"), dtype=np.uint8)
+    fd, tmp = tempfile.mkstemp(prefix=".checkpoint-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            savez: Any = np.savez  # keyword arrays; numpy's stubs read them as its own options
+            savez(f, **payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_folder(folder)
+
+
+def read_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """(arrays, meta) of a checkpoint; ValueError when the file is not one."""
+    path = os.fspath(path)
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError, EOFError) as exc:  # not a zip, truncated, object arrays
+        raise ValueError(f"{path} is not a readable checkpoint: {exc}") from exc
+    raw = arrays.pop("meta", None)
+    try:
+        if raw is None or raw.dtype != np.uint8:
+            raise ValueError("no meta entry")
+        meta = json.loads(raw.tobytes().decode("utf-8"))
+        if not isinstance(meta, dict):
+            raise ValueError("meta is not a JSON object")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} is not an ort-train checkpoint: {exc}") from exc
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{path} is not an ort-train checkpoint (format {meta.get('format')!r})")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ValueError(
+            f"{path} has checkpoint format version {meta.get('format_version')!r}; this version of "
+            f"ort-train reads version {FORMAT_VERSION}"
+        )
+    return arrays, meta
+
+
+def checkpoint_info(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The JSON part of a checkpoint (``n_iter_``, ``n_steps``, losses...): cheap progress
+    polling for a run in another process."""
+    return read_checkpoint(path)[1]
+
+
+def _fsync_folder(folder: str) -> None:
+    """Makes the rename itself durable (POSIX); a no-op where folders cannot be opened."""
+    if os.name != "posix":
+        return
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

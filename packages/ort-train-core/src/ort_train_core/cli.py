@@ -1,0 +1,535 @@
+"""The ``ort-train`` command: inspect, train and evaluate ONNX files without writing Python.
+
+Exit codes: 0 success; 1 training failed (the loss diverged, onnxruntime failed); 2 bad usage or
+bad input (the message goes to stderr, without a traceback); 130 interrupted by Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import math
+import os
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+from onnx import ModelProto, helper
+
+from ._io import load_model
+from .checkpoint import CHECKPOINT_FILE
+from .exceptions import ConvergenceError
+from .graph import (
+    add_loss_output,
+    default_weights_to_train,
+    float_initializers,
+    initializers_to_inputs,
+    normalise_model,
+    nothing_to_train_error,
+)
+from .learning_rate import BaseLearningRate, LearningRateAdam, LearningRateSGD, LearningRateSGDNesterov
+
+EXIT_OK, EXIT_TRAINING_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+LOSSES = ("squared_error", "absolute_error", "elastic", "log", "cross_entropy")
+CLASSIFICATION_LOSSES = ("log", "cross_entropy")
+OPTIMIZERS = ("sgd", "nesterov", "adam")
+
+EPILOG = """\
+examples:
+  ort-train inspect model.onnx
+  ort-train fit model.onnx --data train.csv --target y --epochs 50 --lr 0.01 --out trained.onnx
+  ort-train fit mlp.onnx --data train.npz --target y --optimizer adam --lr 1e-3 --batch-size 32 \\
+      --validation-fraction 0.2 --early-stopping --checkpoint ckpt/ --out trained.onnx
+  ort-train fit mlp.onnx ... --checkpoint ckpt/ --resume     # continue an interrupted run
+  ort-train eval trained.onnx --data test.csv --target y
+  ort-train eval clf.onnx --data test.csv --target label --loss cross_entropy
+
+data files: a .csv with a header row (numbers only) or an .npz; the target is the column (or
+array) --target, the features every other column (in file order), or the .npz array 'X'.
+exit codes: 0 success, 1 training failed (diverged), 2 bad usage or input, 130 interrupted.
+"""
+
+
+class _UsageError(ValueError):
+    """Bad input found after parsing: exit code 2 like argparse's own errors."""
+
+
+# ---- argument types ----------------------------------------------------------------------------
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be an integer > 0, got {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ort-train",
+        description="Train ONNX graphs with onnxruntime-training.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{inspect,fit,eval}")
+
+    p = sub.add_parser(
+        "inspect",
+        help="inputs, outputs, trainable weights, and whether a gradient can be built",
+        epilog="example: ort-train inspect model.onnx",
+    )
+    p.add_argument("model", help="an ONNX prediction graph")
+    p.add_argument("--output-index", type=int, default=0, help="the output to differentiate (default 0)")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser(
+        "fit",
+        help="train a prediction graph on a .csv or .npz file",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("model", help="an ONNX prediction graph; the loss is added by --loss")
+    _data_arguments(p)
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd", help="update rule (default sgd)")
+    p.add_argument(
+        "--lr", type=_positive_float, default=None, help="learning rate (default 0.01; 0.001 for adam)"
+    )
+    p.add_argument("--momentum", type=float, default=0.9, help="momentum of nesterov (default 0.9)")
+    p.add_argument("--epochs", type=_positive_int, default=100, help="epochs in all (default 100)")
+    p.add_argument("--batch-size", type=_positive_int, default=10, help="rows per step (default 10)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    p.add_argument(
+        "--validation-fraction",
+        type=_fraction,
+        default=None,
+        help="hold out this fraction of the rows (drawn with --seed) for a validation loss",
+    )
+    p.add_argument(
+        "--early-stopping",
+        action="store_true",
+        help="stop when the (validation) loss has not improved by --tol for --patience epochs",
+    )
+    p.add_argument("--tol", type=float, default=1e-4, help="early-stopping tolerance (default 1e-4)")
+    p.add_argument("--patience", type=_positive_int, default=5, help="early-stopping epochs (default 5)")
+    p.add_argument(
+        "--shuffle", action=argparse.BooleanOptionalAction, default=True, help="shuffle each epoch"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the shuffling and the split (default 0)")
+    p.add_argument("--out", required=True, help="where to write the trained prediction graph (.onnx)")
+    p.add_argument(
+        "--checkpoint",
+        default=None,
+        metavar="DIR",
+        help=f"write DIR/{CHECKPOINT_FILE} after every epoch (and on Ctrl-C)",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=_positive_int,
+        default=1,
+        metavar="K",
+        help="with --checkpoint: every K epochs instead (and at the end, and on Ctrl-C)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the --checkpoint up to --epochs in all (same data and options)",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_fit)
+
+    p = sub.add_parser(
+        "eval",
+        help="loss and metrics of a prediction graph on a .csv or .npz file",
+        epilog=(
+            "regression losses report loss, mse, mae and r2; --loss log (probabilities) or "
+            "cross_entropy (logits) report loss, accuracy and log_loss.\n"
+            "example: ort-train eval trained.onnx --data test.csv --target y"
+        ),
+    )
+    p.add_argument("model", help="an ONNX prediction graph")
+    _data_arguments(p)
+    p.set_defaults(func=cmd_eval)
+    return parser
+
+
+def _data_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", required=True, help="a .csv with a header row, or an .npz")
+    p.add_argument("--target", required=True, help="the target column (or .npz array)")
+    p.add_argument("--loss", choices=LOSSES, default="squared_error", help="default squared_error")
+    p.add_argument("--output-index", type=int, default=0, help="the model output the loss reads (default 0)")
+
+
+# ---- data ----------------------------------------------------------------------------------------
+def load_table(path: str, target: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """(features, target, feature names) from a .csv with a header or an .npz."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(2, f"data file not found: {path}", path)
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix == ".npz":
+        return _load_npz(path, target)
+    if suffix == ".csv":
+        return _load_csv(path, target)
+    raise _UsageError(
+        f"{path}: data files are .csv (with a header row) or .npz, not {suffix or 'no suffix'!r}"
+    )
+
+
+def _load_npz(path: str, target: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, ValueError, EOFError) as exc:
+        raise _UsageError(f"{path} is not a readable .npz file: {exc}") from exc
+    if target not in arrays:
+        raise _UsageError(f"{path} has no array {target!r}; arrays: {sorted(arrays)}")
+    y = arrays.pop(target)
+    if "X" in arrays:
+        X = np.asarray(arrays["X"])
+        if X.ndim == 1:
+            X = X[:, None]
+        return X, y, [f"X[{j}]" for j in range(X.shape[1] if X.ndim == 2 else 0)]
+    if not arrays:
+        raise _UsageError(f"{path} holds only the target {target!r}: no features")
+    bad = [k for k, v in arrays.items() if v.ndim != 1 or len(v) != len(y)]
+    if bad:
+        raise _UsageError(
+            f"{path}: without an array 'X', every array is a feature column of {len(y)} rows; {bad} are not"
+        )
+    return np.column_stack(list(arrays.values())), y, list(arrays)
+
+
+def _load_csv(path: str, target: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    with open(path, newline="") as f:
+        header = next(csv.reader(f), None)
+    if not header:
+        raise _UsageError(f"{path} is empty; a .csv needs a header row")
+    names = [h.strip() for h in header]
+    if target not in names:
+        raise _UsageError(f"{path} has no column {target!r}; columns: {names}")
+    if len(names) < 2:
+        raise _UsageError(f"{path} holds only the target {target!r}: no features")
+    try:
+        table = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2, dtype=np.float64)
+    except ValueError as exc:
+        raise _UsageError(f"{path}: every value after the header must be a number ({exc})") from exc
+    if table.shape[0] == 0:
+        raise _UsageError(f"{path} has a header but no rows")
+    if table.shape[1] != len(names):
+        raise _UsageError(f"{path}: the header names {len(names)} columns, the rows hold {table.shape[1]}")
+    t = names.index(target)
+    features = [j for j in range(len(names)) if j != t]
+    return table[:, features], table[:, t], [names[j] for j in features]
+
+
+# ---- commands ------------------------------------------------------------------------------------
+def _load(path: str) -> ModelProto:
+    model = load_model(path)
+    if not model.graph.output:
+        raise _UsageError(f"{path}: the graph has no output")
+    return model
+
+
+def _output_name(model: ModelProto, index: int) -> str:
+    outputs: list[str] = [o.name for o in model.graph.output]
+    if not 0 <= index < len(outputs):
+        raise _UsageError(f"--output-index {index}: the graph has outputs {outputs}")
+    return outputs[index]
+
+
+def _type_text(vi: onnx.ValueInfoProto) -> str:
+    if not vi.type.HasField("tensor_type"):
+        return str(helper.printable_type(vi.type))
+    tt = vi.type.tensor_type
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)).name if tt.elem_type else "?"
+    dims = [str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim]
+    return f"{dtype} [{', '.join(dims)}]"
+
+
+def gradient_status(model: ModelProto, output_index: int = 0) -> tuple[list[str], str | None]:
+    """(trainable weights, None) when a gradient graph can be built for the squared error of the
+    output, else (weights, the reason naming the blocking operators)."""
+    from ._gradient import DEFAULT_BACKEND
+
+    output = _output_name(model, output_index)
+    weights = default_weights_to_train(model, output)
+    if not weights:
+        return [], str(nothing_to_train_error(model, output))
+    try:
+        loss_model = add_loss_output(normalise_model(model), output_index=output_index)
+        DEFAULT_BACKEND.gradient_graph(initializers_to_inputs(loss_model, weights), "loss", weights)
+    except (ValueError, TypeError) as exc:  # GraphNotDifferentiableError is a ValueError
+        return weights, str(exc)
+    return weights, None
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    model = _load(args.model)
+    opsets = ", ".join(f"{o.domain or 'ai.onnx'} {o.version}" for o in model.opset_import)
+    print(f"model: {args.model} (IR {model.ir_version}; opsets: {opsets})")
+    inits = {i.name for i in model.graph.initializer}
+    print("inputs:")
+    for vi in model.graph.input:
+        if vi.name not in inits:
+            print(f"  {vi.name}: {_type_text(vi)}")
+    print("outputs:")
+    for vi in model.graph.output:
+        print(f"  {vi.name}: {_type_text(vi)}")
+    weights, reason = gradient_status(model, args.output_index)
+    floats = float_initializers(model)
+    output = _output_name(model, args.output_index)
+    print(f"trainable float initializers (that output {output!r} depends on): {len(weights)}")
+    for name in weights:
+        t = floats[name]
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).name
+        print(f"  {name}: {dtype} {tuple(int(d) for d in t.dims)}")
+    if reason is None:
+        print("gradient graph: yes (ort-train fit can train it)")
+    else:
+        print(f"gradient graph: no: {reason}")
+    return EXIT_OK
+
+
+def _learning_rate(args: argparse.Namespace) -> BaseLearningRate:
+    if args.optimizer == "adam":
+        return LearningRateAdam(eta0=args.lr if args.lr is not None else 0.001)
+    eta = args.lr if args.lr is not None else 0.01
+    if args.optimizer == "nesterov":
+        if not 0 <= args.momentum < 1:
+            raise _UsageError(f"--momentum must be in [0, 1), got {args.momentum}")
+        return LearningRateSGDNesterov(eta0=eta, learning_rate="constant", momentum=args.momentum)
+    return LearningRateSGD(eta0=eta, learning_rate="constant")
+
+
+def _split(
+    X: np.ndarray, y: np.ndarray, fraction: float | None, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Holds out a seeded random ``fraction`` of the rows; the rest keep their order."""
+    if fraction is None:
+        return X, y, None, None
+    n_val = round(fraction * len(X))
+    if n_val < 1 or n_val >= len(X):
+        raise _UsageError(f"--validation-fraction {fraction} of {len(X)} rows leaves an empty part")
+    held = np.zeros(len(X), dtype=bool)
+    held[np.random.default_rng(seed).permutation(len(X))[:n_val]] = True
+    return X[~held], y[~held], X[held], y[held]
+
+
+def save_model_atomically(model: ModelProto, path: str) -> None:
+    """A crash never leaves a half-written model at ``path``."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".ort-train-", suffix=".onnx.tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(model.SerializeToString())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    from .optimizer import OrtGradientOptimizer
+
+    if args.resume and args.checkpoint is None:
+        raise _UsageError("--resume continues from --checkpoint DIR: give the folder")
+    model = _load(args.model)
+    _output_name(model, args.output_index)
+    X, y, _ = load_table(args.data, args.target)
+    X, y, X_val, y_val = _split(X, y, args.validation_fraction, args.seed)
+    loss_model = add_loss_output(model, score_name=args.loss, output_index=args.output_index)
+    trainer = OrtGradientOptimizer(
+        loss_model,
+        max_iter=args.epochs,
+        batch_size=args.batch_size,
+        learning_rate=_learning_rate(args),
+        device=args.device,
+        verbose=0 if args.quiet else 1,
+        shuffle=args.shuffle,
+        random_state=args.seed,
+        tol=args.tol if args.early_stopping else None,
+        n_iter_no_change=args.patience,
+        checkpoint_dir=args.checkpoint,
+        checkpoint_every=args.checkpoint_every,
+    )
+    existing = os.path.join(args.checkpoint, CHECKPOINT_FILE) if args.checkpoint else None
+    if existing and not args.resume and os.path.exists(existing):
+        print(
+            f"ort-train: note: starting over; {existing} is overwritten (--resume continues it)",
+            file=sys.stderr,
+        )
+    start = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if args.resume:
+            trainer.resume(X, y, X_val=X_val, y_val=y_val)
+        else:
+            trainer.fit(X, y, X_val=X_val, y_val=y_val)
+    elapsed = time.perf_counter() - start
+    interrupted = False
+    for w in caught:
+        interrupted = interrupted or (
+            issubclass(w.category, RuntimeWarning) and "interrupted" in str(w.message)
+        )
+        print(f"ort-train: warning: {w.message}", file=sys.stderr)
+    if interrupted:
+        print("ort-train: interrupted; no model written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    save_model_atomically(trainer.get_trained_onnx(), args.out)
+    losses = trainer.train_losses_
+    print(f"epochs: {trainer.n_iter_}")
+    print(f"final training loss: {losses[-1]:.6g}" if losses else "final training loss: -")
+    if trainer.validation_losses_:
+        print(f"final validation loss: {trainer.validation_losses_[-1]:.6g}")
+    print(f"time: {elapsed:.2f} s")
+    print(f"wrote: {args.out}")
+    return EXIT_OK
+
+
+def regression_metrics(pred: np.ndarray, y: np.ndarray, loss: str) -> dict[str, float]:
+    """loss (the training objective's formula, reduction mean), mse, mae and r2 (over all
+    output columns, as scikit-learn's uniform average)."""
+    pred = pred.reshape(len(pred), -1).astype(np.float64)
+    target = y.reshape(len(y), -1).astype(np.float64)
+    if target.shape[1] != pred.shape[1]:
+        raise _UsageError(f"the model predicts {pred.shape[1]} column(s), the target has {target.shape[1]}")
+    d = pred - target
+    rows = {
+        "squared_error": (d**2).sum(1),
+        "absolute_error": np.abs(d).sum(1),
+        "elastic": (0.5 * np.abs(d) + 0.5 * d**2).sum(1),
+    }[loss]
+    ss_tot = ((target - target.mean(0)) ** 2).sum(0)
+    ss_res = (d**2).sum(0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r2 = np.where(ss_tot > 0, 1 - ss_res / ss_tot, np.where(ss_res == 0, 1.0, 0.0))
+    return {
+        "loss": float(rows.mean()),
+        "mse": float((d**2).mean()),
+        "mae": float(np.abs(d).mean()),
+        "r2": float(r2.mean()),
+    }
+
+
+def classification_metrics(output: np.ndarray, y: np.ndarray, loss: str) -> dict[str, float]:
+    """``log``: the output holds probabilities; ``cross_entropy``: logits (one column: binary,
+    sigmoid; several: softmax). loss: the training objective (probabilities clipped to
+    [1e-5, 1 - 1e-5] for ``log``); log_loss: the same clipped at 1e-15, as scikit-learn."""
+    out = output.reshape(len(output), -1).astype(np.float64)
+    if not np.array_equal(y, np.round(y)) or (y < 0).any():
+        raise _UsageError("a classification target holds class indices 0..K-1")
+    labels = y.astype(np.int64).ravel()
+    if out.shape[1] == 1:
+        p1 = out[:, 0] if loss == "log" else 1 / (1 + np.exp(-out[:, 0]))
+        probs = np.column_stack([1 - p1, p1])
+    elif loss == "log":
+        probs = out
+    else:
+        z = out - out.max(1, keepdims=True)
+        probs = np.exp(z) / np.exp(z).sum(1, keepdims=True)
+    if labels.max() >= probs.shape[1]:
+        raise _UsageError(
+            f"the target holds class {labels.max()} but the model scores {probs.shape[1]} classes"
+        )
+    p_true = probs[np.arange(len(labels)), labels]
+    if loss == "log":
+        objective = -np.log(np.clip(p_true, 1e-5, 1 - 1e-5))
+    elif out.shape[1] == 1:
+        z1 = out[:, 0]
+        objective = np.logaddexp(0, z1) - labels * z1
+    else:
+        objective = np.logaddexp.reduce(out, axis=1) - out[np.arange(len(labels)), labels]
+    return {
+        "loss": float(objective.mean()),
+        "accuracy": float((probs.argmax(1) == labels).mean()),
+        "log_loss": float(-np.log(np.clip(p_true, 1e-15, None)).mean()),
+    }
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    import onnxruntime
+
+    model = _load(args.model)
+    output = _output_name(model, args.output_index)
+    X, y, _ = load_table(args.data, args.target)
+    try:
+        sess = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        feed = sess.get_inputs()
+        if len(feed) != 1:
+            raise _UsageError(f"eval feeds one input, the model has {[i.name for i in feed]}")
+        dtype = np.float64 if feed[0].type == "tensor(double)" else np.float32
+        pred = np.asarray(sess.run([output], {feed[0].name: X.astype(dtype)})[0])
+    except _UsageError:
+        raise
+    except Exception as exc:  # onnxruntime's Fail/InvalidArgument: the data does not fit the model
+        raise _UsageError(f"onnxruntime could not run {args.model} on {args.data}: {exc}") from exc
+    if args.loss in CLASSIFICATION_LOSSES:
+        metrics = classification_metrics(pred, y, args.loss)
+    else:
+        metrics = regression_metrics(pred, y, args.loss)
+    print(f"rows: {len(X)}")
+    for key, value in metrics.items():
+        print(f"{key}: {value:.6g}")
+    return EXIT_OK
+
+
+def _error_text(exc: BaseException) -> str:
+    """An OSError without its ``[Errno N]`` prefix, the file named once."""
+    if isinstance(exc, OSError) and exc.strerror:
+        name = os.fspath(exc.filename) if exc.filename is not None else ""
+        return exc.strerror if not name or str(name) in exc.strerror else f"{exc.strerror}: {name}"
+    return str(exc)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs one command; returns the exit code (the console script exits with it)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or bad usage (2): argparse printed the message
+        return exc.code if isinstance(exc.code, int) else EXIT_BAD_INPUT
+    try:
+        code: int = args.func(args)
+    except ConvergenceError as exc:
+        print(f"ort-train: training failed: {exc}", file=sys.stderr)
+        return EXIT_TRAINING_FAILED
+    except (ValueError, TypeError, OSError) as exc:
+        print(f"ort-train: error: {_error_text(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except RuntimeError as exc:  # onnxruntime failed while training
+        print(f"ort-train: training failed: {exc}", file=sys.stderr)
+        return EXIT_TRAINING_FAILED
+    except KeyboardInterrupt:  # a second Ctrl-C stops at once
+        print("ort-train: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return code
