@@ -28,9 +28,11 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 #: distributions whose versions :func:`machine_info` records when installed
 DEFAULT_DISTRIBUTIONS = (
@@ -318,3 +320,42 @@ class RssSampler:
             yield self
         finally:
             self.stop()
+
+
+# ---- models ---------------------------------------------------------------------------------
+def mlp_onnx(
+    layers: Sequence[tuple[np.ndarray, np.ndarray]],
+    names: tuple[str, str] = ("coef", "bias"),
+    output: str = "variable",
+    graph_name: str = "mlp",
+) -> Any:
+    """MatMul/Add(/Relu between layers) prediction graph (opset 17, IR 8): input ``X`` [N, F],
+    initializers ``{names[0]}{k}`` (in x out) and ``{names[1]}{k}`` holding copies of ``layers``;
+    a single layer is a linear model."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes, inits = [], []
+    current = "X"
+    w_name, b_name = names
+    for k, (W, b) in enumerate(layers):
+        W32, b32 = np.array(W, dtype=np.float32), np.array(b, dtype=np.float32)
+        inits += [numpy_helper.from_array(W32, f"{w_name}{k}"), numpy_helper.from_array(b32, f"{b_name}{k}")]
+        last = k == len(layers) - 1
+        nodes.append(helper.make_node("MatMul", [current, f"{w_name}{k}"], [f"mm{k}"]))
+        out = output if last else f"pre{k}"
+        nodes.append(helper.make_node("Add", [f"mm{k}", f"{b_name}{k}"], [out]))
+        if not last:
+            nodes.append(helper.make_node("Relu", [out], [f"act{k}"]))
+            out = f"act{k}"
+        current = out
+    n_in, n_out = np.shape(layers[0][0])[0], np.shape(layers[-1][0])[1]
+    graph = helper.make_graph(
+        nodes,
+        graph_name,
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", n_in])],
+        [helper.make_tensor_value_info(output, TensorProto.FLOAT, ["N", n_out])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model

@@ -67,7 +67,7 @@ from typing import Any
 
 import numpy as np
 
-from _common import fmt, machine_info
+from _common import fmt, machine_info, mlp_onnx
 
 N_FEATURES = 10
 HIDDEN = 10
@@ -140,33 +140,7 @@ def full_mse(weights: dict[str, np.ndarray], X: np.ndarray, y: np.ndarray) -> fl
 
 def onnx_prediction_model(weights: dict[str, np.ndarray]) -> Any:
     """MatMul/Add(/Relu) prediction graph with the weights as initializers (output ``variable``)."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    nodes = []
-    inits = []
-    current = "X"
-    n_layers = len(weights) // 2
-    for k in range(n_layers):
-        W, b = weights[f"coef{k}"], weights[f"bias{k}"]
-        inits += [numpy_helper.from_array(W, f"coef{k}"), numpy_helper.from_array(b, f"bias{k}")]
-        last = k == n_layers - 1
-        nodes.append(helper.make_node("MatMul", [current, f"coef{k}"], [f"mm{k}"]))
-        out = "variable" if last else f"pre{k}"
-        nodes.append(helper.make_node("Add", [f"mm{k}", f"bias{k}"], [out]))
-        if not last:
-            nodes.append(helper.make_node("Relu", [out], [f"act{k}"]))
-            out = f"act{k}"
-        current = out
-    graph = helper.make_graph(
-        nodes,
-        "bench",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", N_FEATURES])],
-        [helper.make_tensor_value_info("variable", TensorProto.FLOAT, ["N", 1])],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    return mlp_onnx(layers(weights), graph_name="bench")
 
 
 def onnx_loss_model(prediction_model: Any) -> Any:

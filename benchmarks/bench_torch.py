@@ -63,7 +63,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _common import machine_info, machine_line, result_stem, usable_cpus, write_json, write_text
+from _common import machine_info, machine_line, mlp_onnx, result_stem, usable_cpus, write_json, write_text
 
 SEED = 0
 N_FEATURES = 100
@@ -126,34 +126,14 @@ def torch_mlp(seed: int = SEED) -> Any:
 def onnx_mlp(net: Any) -> Any:
     """The same network as MatMul/Add/Relu nodes (opset 17, IR 8); initializers ``W{k}``
     (in x out: torch's weight transposed) and ``b{k}`` hold copies of the torch parameters."""
-    from onnx import TensorProto, helper, numpy_helper
     from torch import nn
 
-    linears = [m for m in net if isinstance(m, nn.Linear)]
-    nodes, inits = [], []
-    current = "X"
-    for k, lin in enumerate(linears):
-        W = lin.weight.detach().numpy().T.copy()
-        b = lin.bias.detach().numpy().copy()
-        inits += [numpy_helper.from_array(W, f"W{k}"), numpy_helper.from_array(b, f"b{k}")]
-        last = k == len(linears) - 1
-        out = "Y" if last else f"z{k}"
-        nodes.append(helper.make_node("MatMul", [current, f"W{k}"], [f"mm{k}"]))
-        nodes.append(helper.make_node("Add", [f"mm{k}", f"b{k}"], [out]))
-        if not last:
-            nodes.append(helper.make_node("Relu", [out], [f"a{k}"]))
-            out = f"a{k}"
-        current = out
-    graph = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", N_FEATURES])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", N_OUTPUTS])],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    layers = [
+        (lin.weight.detach().numpy().T, lin.bias.detach().numpy())
+        for lin in net
+        if isinstance(lin, nn.Linear)
+    ]
+    return mlp_onnx(layers, names=("W", "b"), output="Y")
 
 
 def torch_grads_as_onnx(net: Any) -> dict[str, Any]:

@@ -231,30 +231,7 @@ def full_loss(
 def prediction_model(layers: Sequence[tuple[np.ndarray, np.ndarray]]) -> Any:
     """MatMul/Add(/Relu) prediction graph, weights ``coef{k}``/``bias{k}`` as initializers,
     input ``X`` [N, F], output ``variable`` [N, 1] (opset 17, IR 8)."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    nodes, inits = [], []
-    current = "X"
-    for k, (W, b) in enumerate(layers):
-        inits += [numpy_helper.from_array(W, f"coef{k}"), numpy_helper.from_array(b, f"bias{k}")]
-        last = k == len(layers) - 1
-        nodes.append(helper.make_node("MatMul", [current, f"coef{k}"], [f"mm{k}"]))
-        out = "variable" if last else f"pre{k}"
-        nodes.append(helper.make_node("Add", [f"mm{k}", f"bias{k}"], [out]))
-        if not last:
-            nodes.append(helper.make_node("Relu", [out], [f"act{k}"]))
-            out = f"act{k}"
-        current = out
-    graph = helper.make_graph(
-        nodes,
-        "matrix",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", layers[0][0].shape[0]])],
-        [helper.make_tensor_value_info("variable", TensorProto.FLOAT, ["N", 1])],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+    return common.mlp_onnx(layers, graph_name="matrix")
 
 
 def batch_bounds(n: int, batch: int) -> list[tuple[int, int]]:

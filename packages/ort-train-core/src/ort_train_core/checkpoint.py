@@ -17,8 +17,8 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, BinaryIO
 
 import numpy as np
 from onnx import ModelProto
@@ -47,11 +47,20 @@ def write_checkpoint(
     document = {"format": FORMAT, "format_version": FORMAT_VERSION, **meta}
     payload = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
     payload["meta"] = np.frombuffer(json.dumps(document).encode("utf-8"), dtype=np.uint8)
-    fd, tmp = tempfile.mkstemp(prefix=".checkpoint-", suffix=".tmp", dir=folder)
+    savez: Any = np.savez  # keyword arrays; numpy's stubs read them as its own options
+    write_atomically(path, lambda f: savez(f, **payload), prefix=".checkpoint-")
+
+
+def write_atomically(path: str, write: Callable[[BinaryIO], object], prefix: str = ".ort-train-") -> None:
+    """``write`` fills a temporary file beside ``path``, flushed and fsynced, which then
+    replaces ``path``: a crash (even SIGKILL) leaves the old file or the new one, never half of
+    one (at worst a hidden temporary)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
-            savez: Any = np.savez  # keyword arrays; numpy's stubs read them as its own options
-            savez(f, **payload)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -7,12 +7,10 @@ bad input (the message goes to stderr, without a traceback); 130 interrupted by 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import math
 import os
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Sequence
@@ -22,7 +20,7 @@ import onnx
 from onnx import ModelProto, helper
 
 from ._io import load_model
-from .checkpoint import CHECKPOINT_FILE
+from .checkpoint import CHECKPOINT_FILE, write_atomically
 from .exceptions import ConvergenceError
 from .graph import (
     add_loss_output,
@@ -343,19 +341,8 @@ def _split(
 
 def save_model_atomically(model: ModelProto, path: str) -> None:
     """A crash never leaves a half-written model at ``path``."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".ort-train-", suffix=".onnx.tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(model.SerializeToString())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    data = model.SerializeToString()
+    write_atomically(path, lambda f: f.write(data))
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
