@@ -7,6 +7,7 @@ loops, and keeps the trained weights on the host. Sessions are rebuilt lazily an
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from numbers import Integral, Real
 from typing import Any
@@ -44,6 +45,8 @@ _COMMON_CONSTRAINTS: dict[str, list[Any]] = {
     "verbose": ["verbose"],
     "device": [str],
     "training": [StrOptions({"full", "partial"})],
+    "checkpoint_dir": [str, os.PathLike, None],
+    "checkpoint_every": [Interval(Integral, 1, None, closed="left")],
 }
 
 
@@ -144,10 +147,24 @@ class OrtEstimatorMixin(BaseEstimator):
         n_outputs = 1 if len(self.classes_) == 2 else len(self.classes_)
         return index, n_outputs
 
+    def resume(self, X: Any, y: Any, sample_weight: Any = None) -> Any:
+        """Continues the fit saved in ``checkpoint_dir`` (same data and parameters) up to
+        ``max_iter`` epochs in all, ending at the weights an uninterrupted ``fit`` reaches; a
+        plain fit when no checkpoint exists yet."""
+        if self.checkpoint_dir is None:
+            raise ValueError("resume() needs checkpoint_dir, the folder fit() writes its checkpoints to")
+        return self._fit(X, y, sample_weight, resume=True)
+
     def _fit(
-        self, X: Any, y: Any, sample_weight: Any = None, incremental: bool = False, classes: Any = None
+        self,
+        X: Any,
+        y: Any,
+        sample_weight: Any = None,
+        incremental: bool = False,
+        classes: Any = None,
+        resume: bool = False,
     ) -> OrtEstimatorMixin:
-        first = not ((incremental or self.warm_start) and hasattr(self, "_trainer"))
+        first = not ((incremental or self.warm_start) and hasattr(self, "_trainer")) or resume
         X, y = validate_data(
             self,
             X,
@@ -199,7 +216,7 @@ class OrtEstimatorMixin(BaseEstimator):
         epochs_before = int(getattr(trainer, "n_iter_", 0))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ort_train_core.ConvergenceWarning)
-            trainer.fit(X, y_enc, sw, X_val, y_val, sw_val)
+            (trainer.resume if resume else trainer.fit)(X, y_enc, sw, X_val, y_val, sw_val)
         for w in caught:
             if issubclass(w.category, ort_train_core.ConvergenceWarning):
                 warnings.warn(
@@ -255,6 +272,8 @@ class OrtEstimatorMixin(BaseEstimator):
             learning_rate=self._learning_rate(scale),
             device=self.device,
             warm_start=True,
+            checkpoint_dir=None if self.checkpoint_dir is None else os.fspath(self.checkpoint_dir),
+            checkpoint_every=self.checkpoint_every,
             verbose=int(self.verbose) if self.verbose in (0, 1, 2) else 0,
             shuffle=self.shuffle,
             random_state=int(rng.randint(2**31 - 1)),

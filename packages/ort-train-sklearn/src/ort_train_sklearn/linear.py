@@ -111,6 +111,8 @@ class OrtSGDRegressor(OrtRegressorMixin, RegressorMixin, _OrtSGDBase):
         batch_size: int = 1,
         device: str = "cpu",
         training: str = "full",
+        checkpoint_dir: str | None = None,
+        checkpoint_every: int = 1,
     ) -> None:
         self.loss = loss
         self.penalty = penalty
@@ -132,6 +134,8 @@ class OrtSGDRegressor(OrtRegressorMixin, RegressorMixin, _OrtSGDBase):
         self.batch_size = batch_size
         self.device = device
         self.training = training
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every = checkpoint_every
 
     def _loss(self, n_outputs: int) -> tuple[str, str, float]:
         # scikit-learn's squared_error is (y - p)^2 / 2, ours (y - p)^2
@@ -184,6 +188,8 @@ class OrtSGDClassifier(OrtClassifierMixin, ClassifierMixin, _OrtSGDBase):
         batch_size: int = 1,
         device: str = "cpu",
         training: str = "full",
+        checkpoint_dir: str | None = None,
+        checkpoint_every: int = 1,
     ) -> None:
         self.loss = loss
         self.penalty = penalty
@@ -205,6 +211,8 @@ class OrtSGDClassifier(OrtClassifierMixin, ClassifierMixin, _OrtSGDBase):
         self.batch_size = batch_size
         self.device = device
         self.training = training
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every = checkpoint_every
 
     def _loss(self, n_outputs: int) -> tuple[str, str, float]:
         return "cross_entropy", "cross_entropy", 1.0

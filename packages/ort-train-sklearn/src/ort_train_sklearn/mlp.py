@@ -138,6 +138,8 @@ class OrtMLPRegressor(OrtRegressorMixin, RegressorMixin, _OrtMLPBase):
         n_iter_no_change: int = 10,
         device: str = "cpu",
         training: str = "full",
+        checkpoint_dir: str | None = None,
+        checkpoint_every: int = 1,
     ) -> None:
         self.loss = loss
         self.hidden_layer_sizes = hidden_layer_sizes
@@ -164,6 +166,8 @@ class OrtMLPRegressor(OrtRegressorMixin, RegressorMixin, _OrtMLPBase):
         self.n_iter_no_change = n_iter_no_change
         self.device = device
         self.training = training
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every = checkpoint_every
 
     def _loss(self, n_outputs: int) -> tuple[str, str, float]:
         # scikit-learn backpropagates (p - y) per output: the gradient of sum_k (p - y)^2 / 2
@@ -217,6 +221,8 @@ class OrtMLPClassifier(OrtClassifierMixin, ClassifierMixin, _OrtMLPBase):
         n_iter_no_change: int = 10,
         device: str = "cpu",
         training: str = "full",
+        checkpoint_dir: str | None = None,
+        checkpoint_every: int = 1,
     ) -> None:
         self.hidden_layer_sizes = hidden_layer_sizes
         self.activation = activation
@@ -242,6 +248,8 @@ class OrtMLPClassifier(OrtClassifierMixin, ClassifierMixin, _OrtMLPBase):
         self.n_iter_no_change = n_iter_no_change
         self.device = device
         self.training = training
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every = checkpoint_every
 
     def _loss(self, n_outputs: int) -> tuple[str, str, float]:
         return "cross_entropy", "cross_entropy", 1.0

@@ -128,6 +128,8 @@ class OnnxModelRegressor(OrtRegressorMixin, RegressorMixin, _OnnxModelBase):
         verbose: int = 0,
         device: str = "cpu",
         training: str = "full",
+        checkpoint_dir: str | None = None,
+        checkpoint_every: int = 1,
     ) -> None:
         self.model = model
         self.weights_to_train = weights_to_train
@@ -149,6 +151,8 @@ class OnnxModelRegressor(OrtRegressorMixin, RegressorMixin, _OnnxModelBase):
         self.verbose = verbose
         self.device = device
         self.training = training
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every = checkpoint_every
 
     def _loss(self, n_outputs: int) -> tuple[str, str, float]:
         partial = {"squared_error": "square_error"}.get(self.loss, self.loss)
@@ -199,6 +203,8 @@ class OnnxModelClassifier(OrtClassifierMixin, ClassifierMixin, _OnnxModelBase):
         verbose: int = 0,
         device: str = "cpu",
         training: str = "full",
+        checkpoint_dir: str | None = None,
+        checkpoint_every: int = 1,
     ) -> None:
         self.model = model
         self.weights_to_train = weights_to_train
@@ -220,6 +226,8 @@ class OnnxModelClassifier(OrtClassifierMixin, ClassifierMixin, _OnnxModelBase):
         self.verbose = verbose
         self.device = device
         self.training = training
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every = checkpoint_every
 
     def _loss(self, n_outputs: int) -> tuple[str, str, float]:
         return "cross_entropy", "cross_entropy", 1.0
