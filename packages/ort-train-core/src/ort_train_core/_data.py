@@ -56,7 +56,7 @@ def _count_non_finite(arr: np.ndarray) -> int:
     return sum(int(np.count_nonzero(~np.isfinite(flat[k : k + chunk]))) for k in range(0, flat.size, chunk))
 
 
-def _cast(name: str, arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def cast_checked(name: str, arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """A C-contiguous copy (or view) in ``dtype``; values beyond its range are refused.
 
     A float64 1e39 becomes inf in float32 (numpy only warns): the loss would be inf from the
@@ -92,7 +92,7 @@ def check_fit_arrays(
     if spec.n_features is not None and Xa.shape[1] != spec.n_features:
         raise ValueError(f"{prefix}X has {Xa.shape[1]} features but the model expects {spec.n_features}")
     _check_finite(f"{prefix}X", Xa)
-    Xc = _cast(f"{prefix}X", Xa, spec.feature_dtype)
+    Xc = cast_checked(f"{prefix}X", Xa, spec.feature_dtype)
     ya = _as_numeric(f"{prefix}y", y)
     if ya.ndim == 0 or ya.shape[0] != n:
         raise ValueError(f"{prefix}y has {ya.shape[0] if ya.ndim else 0} rows but X has {n}")
@@ -128,7 +128,7 @@ def check_fit_arrays(
         if ya.ndim != len(tail) + 1 or any(d is not None and d != k for d, k in zip(tail, ya.shape[1:])):
             want = ", ".join(["n", *(str(d) if d is not None else "?" for d in tail)])
             raise ValueError(f"{prefix}y has shape {ya.shape} but the model's label expects ({want})")
-        yc = _cast(f"{prefix}y", ya, spec.label_dtype)
+        yc = cast_checked(f"{prefix}y", ya, spec.label_dtype)
     wc = None
     if sample_weight is not None:
         if not spec.has_weight:
@@ -144,7 +144,7 @@ def check_fit_arrays(
             raise ValueError(f"{prefix}sample_weight holds negative values; weights must be >= 0")
         if not wa.any():
             raise ValueError(f"{prefix}sample_weight is all zeros: there is nothing to learn from")
-        wc = _cast(f"{prefix}sample_weight", wa, spec.feature_dtype)
+        wc = cast_checked(f"{prefix}sample_weight", wa, spec.feature_dtype)
     elif spec.has_weight:
         wc = np.ones(n, dtype=spec.feature_dtype)
     return Xc, yc, wc

@@ -30,6 +30,7 @@ from ort_train_core import (
     OrtGradientOptimizer,
     add_loss_output,
 )
+from ort_train_core._data import cast_checked
 
 from ._graphs import classifier_head
 
@@ -51,22 +52,9 @@ _COMMON_CONSTRAINTS: dict[str, list[Any]] = {
 
 
 def _to_float32(name: str, values: Any) -> np.ndarray:
-    """``values`` as a C-contiguous float32 array; values beyond float32's range are refused.
-
-    The graphs compute in float32: a float64 1e39 would become inf in the cast (numpy only
-    warns), then an inf prediction, or a fit refused for an "infinite value" the caller never
-    passed.
-    """
-    arr = np.asarray(values)
-    with np.errstate(over="ignore", invalid="ignore"):
-        out = np.ascontiguousarray(arr, dtype=np.float32)
-    if out.dtype != arr.dtype and not np.isfinite(out).all() and np.isfinite(arr).all():
-        bad = int(np.count_nonzero(~np.isfinite(out)))
-        raise ValueError(
-            f"{name} holds {bad} value(s) beyond the range of float32 (largest "
-            f"{np.finfo(np.float32).max:.3g}), the type the model computes in; scale the data"
-        )
-    return out
+    """``values`` as a C-contiguous float32 array, the type the graphs compute in; values beyond
+    its range are refused (core's cast: a float64 1e39 would otherwise become inf)."""
+    return cast_checked(name, np.asarray(values), np.dtype(np.float32))
 
 
 class OrtEstimatorMixin(BaseEstimator):
