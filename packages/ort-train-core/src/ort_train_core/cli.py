@@ -26,6 +26,7 @@ from .graph import (
     add_loss_output,
     default_weights_to_train,
     float_initializers,
+    get_metadata,
     initializers_to_inputs,
     normalise_model,
     nothing_to_train_error,
@@ -403,25 +404,35 @@ def cmd_fit(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def regression_metrics(pred: np.ndarray, y: np.ndarray, loss: str) -> dict[str, float]:
-    """loss (the training objective's formula, reduction mean), mse, mae and r2 (over all
-    output columns, as scikit-learn's uniform average)."""
+def training_objective(
+    model: ModelProto, loss: str, output_index: int, feeds: dict[str, np.ndarray], y: np.ndarray
+) -> float:
+    """The loss ``fit`` trains (reduction mean) on all rows, computed by the same loss graph
+    (add_loss_output), so that eval and fit cannot disagree on a loss's formula."""
+    import onnxruntime
+
+    loss_model = add_loss_output(normalise_model(model), score_name=loss, output_index=output_index)
+    label_name, loss_name = get_metadata(loss_model, "label_name"), get_metadata(loss_model, "loss_name")
+    label = next(i for i in loss_model.graph.input if i.name == label_name)
+    tt = label.type.tensor_type
+    target = y.astype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
+    target = target.reshape(len(y), -1) if len(tt.shape.dim) == 2 else target.reshape(len(y))
+    sess = onnxruntime.InferenceSession(loss_model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return float(sess.run([loss_name], {**feeds, label_name: target})[0])
+
+
+def regression_metrics(pred: np.ndarray, y: np.ndarray) -> dict[str, float]:
+    """mse, mae and r2 (over all output columns, as scikit-learn's uniform average)."""
     pred = pred.reshape(len(pred), -1).astype(np.float64)
     target = y.reshape(len(y), -1).astype(np.float64)
     if target.shape[1] != pred.shape[1]:
         raise _UsageError(f"the model predicts {pred.shape[1]} column(s), the target has {target.shape[1]}")
     d = pred - target
-    rows = {
-        "squared_error": (d**2).sum(1),
-        "absolute_error": np.abs(d).sum(1),
-        "elastic": (0.5 * np.abs(d) + 0.5 * d**2).sum(1),
-    }[loss]
     ss_tot = ((target - target.mean(0)) ** 2).sum(0)
     ss_res = (d**2).sum(0)
     with np.errstate(divide="ignore", invalid="ignore"):
         r2 = np.where(ss_tot > 0, 1 - ss_res / ss_tot, np.where(ss_res == 0, 1.0, 0.0))
     return {
-        "loss": float(rows.mean()),
         "mse": float((d**2).mean()),
         "mae": float(np.abs(d).mean()),
         "r2": float(r2.mean()),
@@ -430,8 +441,7 @@ def regression_metrics(pred: np.ndarray, y: np.ndarray, loss: str) -> dict[str, 
 
 def classification_metrics(output: np.ndarray, y: np.ndarray, loss: str) -> dict[str, float]:
     """``log``: the output holds probabilities; ``cross_entropy``: logits (one column: binary,
-    sigmoid; several: softmax). loss: the training objective (probabilities clipped to
-    [1e-5, 1 - 1e-5] for ``log``); log_loss: the same clipped at 1e-15, as scikit-learn."""
+    sigmoid; several: softmax). log_loss: probabilities clipped at 1e-15, as scikit-learn."""
     out = output.reshape(len(output), -1).astype(np.float64)
     if not np.array_equal(y, np.round(y)) or (y < 0).any():
         raise _UsageError("a classification target holds class indices 0..K-1")
@@ -449,15 +459,7 @@ def classification_metrics(output: np.ndarray, y: np.ndarray, loss: str) -> dict
             f"the target holds class {labels.max()} but the model scores {probs.shape[1]} classes"
         )
     p_true = probs[np.arange(len(labels)), labels]
-    if loss == "log":
-        objective = -np.log(np.clip(p_true, 1e-5, 1 - 1e-5))
-    elif out.shape[1] == 1:
-        z1 = out[:, 0]
-        objective = np.logaddexp(0, z1) - labels * z1
-    else:
-        objective = np.logaddexp.reduce(out, axis=1) - out[np.arange(len(labels)), labels]
     return {
-        "loss": float(objective.mean()),
         "accuracy": float((probs.argmax(1) == labels).mean()),
         "log_loss": float(-np.log(np.clip(p_true, 1e-15, None)).mean()),
     }
@@ -475,7 +477,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if len(feed) != 1:
             raise _UsageError(f"eval feeds one input, the model has {[i.name for i in feed]}")
         dtype = np.float64 if feed[0].type == "tensor(double)" else np.float32
-        pred = np.asarray(sess.run([output], {feed[0].name: X.astype(dtype)})[0])
+        feeds = {feed[0].name: X.astype(dtype)}
+        pred = np.asarray(sess.run([output], feeds)[0])
     except _UsageError:
         raise
     except Exception as exc:  # onnxruntime's Fail/InvalidArgument: the data does not fit the model
@@ -483,7 +486,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.loss in CLASSIFICATION_LOSSES:
         metrics = classification_metrics(pred, y, args.loss)
     else:
-        metrics = regression_metrics(pred, y, args.loss)
+        metrics = regression_metrics(pred, y)
+    metrics = {"loss": training_objective(model, args.loss, args.output_index, feeds, y), **metrics}
     print(f"rows: {len(X)}")
     for key, value in metrics.items():
         print(f"{key}: {value:.6g}")
