@@ -308,25 +308,13 @@ def route_full(case: Case) -> Route:
     )
     extra = _ort_setup(trainer, case, partial=False)
     setup = time.perf_counter() - t0
-    X, y = case.X, case.target
-
-    def run() -> float:
-        t = time.perf_counter()
-        trainer.fit(X, y)
-        return time.perf_counter() - t
-
-    def finish() -> dict[str, Any]:
-        return {
-            "epoch_losses": list(trainer.train_losses_),
-            "weights": state_layers(trainer.get_state(), len(case.weights)),
-        }
 
     note = (
         f"OrtGradientOptimizer.fit end to end on add_loss_output(graph, '{SCORE_NAME[case.kind]}', "
         "reduction='mean'), learning_rate=lr (constant SGD); setup = graph building (loss graph, "
         "fixed-batch fused step graphs) and sessions" + extra
     )
-    return Route(run, finish, setup, note, case.device, keep=trainer)
+    return _trainer_route(trainer, case, setup, note)
 
 
 def route_partial(case: Case) -> Route:
@@ -344,6 +332,18 @@ def route_partial(case: Case) -> Route:
     )
     extra = _ort_setup(trainer, case, partial=True)
     setup = time.perf_counter() - t0
+
+    note = (
+        "OrtGradientForwardBackwardOptimizer.fit end to end on the prediction graph, "
+        f"learning_loss='{LEARNING_LOSS[case.kind]}', LearningRateSGD(eta0=lr, 'constant'); "
+        "setup = forward/backward graphs + TrainingAgent per batch size, loss-gradient and "
+        "update graphs, sessions" + extra
+    )
+    return _trainer_route(trainer, case, setup, note)
+
+
+def _trainer_route(trainer: Any, case: Case, setup: float, note: str) -> Route:
+    """A route timing ``trainer.fit`` end to end (either loop of ort-train-core)."""
     X, y = case.X, case.target
 
     def run() -> float:
@@ -357,12 +357,6 @@ def route_partial(case: Case) -> Route:
             "weights": state_layers(trainer.get_state(), len(case.weights)),
         }
 
-    note = (
-        "OrtGradientForwardBackwardOptimizer.fit end to end on the prediction graph, "
-        f"learning_loss='{LEARNING_LOSS[case.kind]}', LearningRateSGD(eta0=lr, 'constant'); "
-        "setup = forward/backward graphs + TrainingAgent per batch size, loss-gradient and "
-        "update graphs, sessions" + extra
-    )
     return Route(run, finish, setup, note, case.device, keep=trainer)
 
 
