@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from ort_train_core._binding import make_session
-from ort_train_core._gradient import fold_static_shapes
+from ort_train_core._gradient import cpu_row_sums, fold_static_shapes
 from ort_train_core._runtime import parse_device
 
 
@@ -81,3 +81,54 @@ def test_fused_step_graph_has_no_shape_arithmetic(linear_loss_model):
     graph, _ = build_fused_step_graph(model, "loss", names, make_learning_rate(0.01))
     ops = {(n.domain, n.op_type) for n in graph.graph.node}
     assert not ops & {("", "Shape"), ("", "Size"), ("com.microsoft", "Scale")}, sorted(ops)
+
+
+def _row_sum_model(batch: int | str, keepdims: int, cols: int) -> onnx.ModelProto:
+    """ReduceSum over the first axis of X [batch, cols] (axes as an input, as the gradient
+    builder writes them), and the same sum of X * 2 (a tensor the graph does not take)."""
+    nodes = [
+        helper.make_node("ReduceSum", ["X", "axes"], ["S"], keepdims=keepdims),
+        helper.make_node("Mul", ["X", "two"], ["X2"]),
+        helper.make_node("ReduceSum", ["X2", "axes"], ["S2"], keepdims=keepdims),
+    ]
+    out_shape = [1, cols] if keepdims else [cols]
+    graph = helper.make_graph(
+        nodes,
+        "rowsums",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [batch, cols])],
+        [
+            helper.make_tensor_value_info("S", TensorProto.FLOAT, out_shape),
+            helper.make_tensor_value_info("S2", TensorProto.FLOAT, out_shape),
+        ],
+        [
+            numpy_helper.from_array(np.array([0], dtype=np.int64), "axes"),
+            numpy_helper.from_array(np.array(2.0, dtype=np.float32), "two"),
+        ],
+        value_info=[helper.make_tensor_value_info("X2", TensorProto.FLOAT, [batch, cols])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("batch", [6, "N"])
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_row_sums_become_matmuls_with_numpy_sums(batch, keepdims):
+    """Fixed batch: constant ones; free batch: ones sized at run time from the input's shape,
+    so the same graph answers every batch size."""
+    rewritten = cpu_row_sums(_row_sum_model(batch, keepdims, 4), TensorProto.FLOAT)
+    assert [n.op_type for n in rewritten.graph.node].count("ReduceSum") == 0
+    rng = np.random.default_rng(1)
+    for rows in [6] if batch == 6 else [1, 6, 1000]:
+        X = rng.normal(size=(rows, 4)).astype(np.float32)
+        S, S2 = _run(rewritten, X)
+        expected = X.astype(np.float64).sum(axis=0, keepdims=bool(keepdims))
+        np.testing.assert_allclose(S, expected, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(S2, 2 * expected, rtol=1e-5, atol=1e-5)
+
+
+def test_row_sums_left_alone_without_a_known_shape_or_for_one_column():
+    """One column sums contiguously (ReduceSum is faster); an unnamed free batch has no input
+    to read its size from."""
+    for model in (_row_sum_model("N", 0, 1), _row_sum_model("", 0, 4)):
+        assert cpu_row_sums(model, TensorProto.FLOAT) is model

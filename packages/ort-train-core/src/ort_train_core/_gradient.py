@@ -359,26 +359,37 @@ def cpu_relu_grad(model: ModelProto, elem_type: int) -> ModelProto:
 
 
 def cpu_row_sums(model: ModelProto, elem_type: int) -> ModelProto:
-    """Replaces ReduceSum(X, axes=[0]) of a 2-D X whose shape is fixed, [B, N] with N > 1, by
-    MatMul(ones(B), X) (ones(1, B) with keepdims): the bias gradients of the fused graph, whose
-    batch dimension is fixed. Same sums.
+    """Replaces ReduceSum(X, axes=[0]) of a 2-D X, [B, N] with N > 1, by MatMul(ones(B), X)
+    (ones(1, B) with keepdims): the bias gradients. Same sums.
 
     onnxruntime's CPU ReduceSum over a strided leading axis is slow: 8.2 us against 3.6 for
-    200x50, 25 against 5 for 200x200, 8.1 against 4.9 for 1000x10 (one thread). With N = 1 the
-    sum is contiguous and ReduceSum is about 1 us faster: those stay, as does any sum whose input
-    shape the graph does not record.
+    200x50, 25 against 5 for 200x200, 8.1 against 4.9 for 1000x10 (one thread), about 65
+    against 15 for 1000x100 (two threads). With N = 1 the sum is contiguous and ReduceSum is
+    about 1 us faster: those stay, as does any sum whose input shape the graph does not record.
+    A fixed B gets constant ones; a free B (``OrtGradientForwardBackward``, whose batch varies)
+    gets ones made at run time from the shape of the graph input that carries the same batch
+    dimension (Shape, Gather, ConstantOfShape: about 2 us, once per step).
     """
     g = model.graph
     sums = {k: n for k, n in enumerate(g.node) if n.op_type == "ReduceSum"}
     if elem_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE) or not sums:
         return model
-    # the shapes onnxruntime's gradient builder recorded (onnx's shape inference costs ~2 ms)
+    # the shapes onnxruntime's gradient builder recorded (onnx's shape inference costs ~2 ms);
+    # a dimension is its size, or its symbol when free
     wanted = {n.input[0] for n in sums.values()}
-    shapes = {
-        vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
+    shapes: dict[str, list[int | str]] = {
+        vi.name: [
+            d.dim_value if d.HasField("dim_value") else d.dim_param for d in vi.type.tensor_type.shape.dim
+        ]
         for vi in [*g.input, *g.value_info]
         if vi.name in wanted and vi.type.tensor_type.elem_type == elem_type
     }
+    # a free batch dimension is read from a graph input whose first dimension has that symbol
+    batch_source: dict[str, str] = {}
+    for vi in g.input:
+        dims = vi.type.tensor_type.shape.dim
+        if dims and dims[0].dim_param and not dims[0].HasField("dim_value"):
+            batch_source.setdefault(dims[0].dim_param, vi.name)
     axes_inputs = {n.input[1] for n in sums.values() if len(n.input) > 1}
     consts = {i.name: numpy_helper.to_array(i) for i in g.initializer if i.name in axes_inputs}
     consts.update(
@@ -387,8 +398,8 @@ def cpu_row_sums(model: ModelProto, elem_type: int) -> ModelProto:
         if n.op_type == "Constant" and n.output[0] in axes_inputs and n.attribute[0].name == "value"
     )
 
-    def batch_rows(node: onnx.NodeProto) -> tuple[int, int] | None:
-        """(B, keepdims) when ``node`` sums a fixed [B, N] over its first axis."""
+    def batch_rows(node: onnx.NodeProto) -> tuple[int | str, int] | None:
+        """(B or its symbol, keepdims) when ``node`` sums a [B, N] over its first axis."""
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         if len(node.input) > 1:
             if node.input[1] not in consts:
@@ -397,9 +408,14 @@ def cpu_row_sums(model: ModelProto, elem_type: int) -> ModelProto:
         else:
             axes = list(attrs.get("axes", []))
         shape = shapes.get(node.input[0])
-        if axes not in ([0], [-2]) or not shape or len(shape) != 2 or shape[0] < 1 or shape[1] < 2:
+        if axes not in ([0], [-2]) or not shape or len(shape) != 2:
             return None
-        return shape[0], int(attrs.get("keepdims", 1))
+        rows, cols = shape
+        if not isinstance(cols, int) or cols < 2:
+            return None
+        if rows in (0, "") or (isinstance(rows, str) and rows not in batch_source):
+            return None
+        return rows, int(attrs.get("keepdims", 1))
 
     found = {k: r for k, n in sums.items() if (r := batch_rows(n))}
     if not found:
@@ -407,14 +423,27 @@ def cpu_row_sums(model: ModelProto, elem_type: int) -> ModelProto:
     out = ModelProto()
     out.CopyFrom(model)
     b = NodeBuilder(elem_type, 17, all_names(out), prefix="rowsum_")
-    ones: dict[tuple[int, int], str] = {}
+    ones: dict[tuple[int | str, int], str] = {}
     nodes = list(out.graph.node)
     for k, (rows, keepdims) in found.items():
         if (rows, keepdims) not in ones:
-            ones[rows, keepdims] = b.const(np.ones((1, rows) if keepdims else (rows,)), "ones")
+            if isinstance(rows, int):
+                ones[rows, keepdims] = b.const(np.ones((1, rows) if keepdims else (rows,)), "ones")
+            else:
+                size = b.op(
+                    "Gather", [b.op("Shape", [batch_source[rows]]), b.int_const([0], "first")], "rows"
+                )
+                if keepdims:
+                    size = b.op("Concat", [b.int_const([1], "one_row"), size], "rows", axis=0)
+                ones[rows, keepdims] = b.op(
+                    "ConstantOfShape",
+                    [size],
+                    "ones",
+                    value=numpy_helper.from_array(np.ones(1, dtype=b.np_dtype), "one"),
+                )
         node = nodes[k]
         matmul = [ones[rows, keepdims], node.input[0]]
         nodes[k] = helper.make_node("MatMul", matmul, list(node.output), name=b.name("n_MatMul"))
     del out.graph.node[:]
-    out.graph.node.extend([*b.nodes, *nodes])  # b.nodes: the Constant ones, first
+    out.graph.node.extend([*b.nodes, *nodes])  # b.nodes: the ones (from graph inputs only), first
     return out

@@ -22,6 +22,7 @@ from ._gradient import (
     build_loss_gradient_graph,
     build_update_graph,
     cpu_relu_grad,
+    cpu_row_sums,
 )
 from ._loss_trainer import LossGraphTrainer
 from ._runner import DoubleBufferedRunner, host_ortvalue
@@ -174,7 +175,10 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
             graphs = build_forward_backward(model, weights, [])
             if device.kind == "cpu":
                 inits = {i.name: i.data_type for i in self._model().graph.initializer}
-                graphs.gradient_model = cpu_relu_grad(graphs.gradient_model, inits[weights[0]])
+                elem_type = inits[weights[0]]
+                graphs.gradient_model = cpu_row_sums(
+                    cpu_relu_grad(graphs.gradient_model, elem_type), elem_type
+                )
             sess = make_session(graphs.gradient_model, device)
             dev = device.ort_device
             agent = C.TrainingAgent(

@@ -72,7 +72,8 @@ def ortvalue_from_tensor(tensor: torch.Tensor) -> Any:
 def tensor_from_ortvalue(value: Any) -> torch.Tensor:
     """A torch tensor over an OrtValue's memory (no copy)."""
     tensor = torch.utils.dlpack.from_dlpack(value.to_dlpack())
-    if value.data_type() == "tensor(bool)" and tensor.dtype != torch.bool:
+    # bool crosses DLPack as uint8; ask onnxruntime only then (data_type() costs about 1 us)
+    if tensor.dtype == torch.uint8 and value.data_type() == "tensor(bool)":
         tensor = tensor.to(torch.bool)
     return tensor
 
@@ -236,13 +237,26 @@ class OnnxModule(nn.Module):
             )
         return self._graphs[key]
 
-    def _parameter_values(self) -> list[Any]:
+    def _params(self) -> list[nn.Parameter]:
+        """The parameters in ONNX order, read from ``_parameters`` (nn.Module.__getattr__ costs
+        about 1 us a parameter, a tenth of a small step's overhead)."""
+        parameters = self._parameters
+        params: list[nn.Parameter] = []
+        for attr, name in self.onnx_names.items():
+            p = parameters[attr]
+            if p is None:
+                raise RuntimeError(
+                    f"OnnxModule: parameter {attr!r} ({name!r}) was set to None; the graph needs it"
+                )
+            params.append(p)
+        return params
+
+    def _parameter_values(self, params: Sequence[nn.Parameter] | None = None) -> list[Any]:
         """The parameters as OrtValues over their memory, made again only when a parameter's
         storage changed (``.to()``, assigning ``.data``); optimisers update in place. A cached
         OrtValue keeps its storage alive, so a new tensor cannot reuse that address."""
         values = []
-        for attr in self.onnx_names:
-            p = getattr(self, attr)
+        for attr, p in zip(self.onnx_names, self._params() if params is None else params):
             key = (p.data_ptr(), tuple(p.shape), p.dtype, p.device)
             cached = self._weight_values.get(attr)
             if cached is None or cached[0] != key:
@@ -282,7 +296,7 @@ class OnnxModule(nn.Module):
                 )
 
     def forward(self, *inputs: torch.Tensor) -> Any:
-        params = [getattr(self, attr) for attr in self.onnx_names]
+        params = self._params()
         device = params[0].device if params else (inputs[0].device if inputs else torch.device("cpu"))
         self._check_inputs(inputs, device)
         needs_grad = tuple(bool(t.requires_grad) and t.is_floating_point() for t in inputs)
@@ -302,12 +316,12 @@ class OnnxModule(nn.Module):
             requiring = tuple(n for n, needed in zip(self.input_names, needs_grad) if needed)
             fb = self._forward_backward(device, requiring)
             outputs: tuple[torch.Tensor, ...] = _OnnxFunction.apply(  # type: ignore[no-untyped-call]
-                fb, needs_grad, self._parameter_values(), *inputs, *params
+                fb, needs_grad, self._parameter_values(params), *inputs, *params
             )
         else:
             fb = self._forward_backward(device, ())
             feeds = [ortvalue_from_tensor(t) for t in inputs]
-            results = fb.forward(feeds, training=False, weights=self._parameter_values())
+            results = fb.forward(feeds, training=False, weights=self._parameter_values(params))
             outputs = tuple(tensor_from_ortvalue(o) for o in results)
         return outputs[0] if len(outputs) == 1 else outputs
 
