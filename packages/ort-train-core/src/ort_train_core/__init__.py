@@ -11,6 +11,7 @@ from .callbacks import Callback, EarlyStopping, EpochPrinter, ProgressBar
 from .exceptions import (
     ConvergenceError,
     ConvergenceWarning,
+    CudaUnavailableError,
     GraphNotDifferentiableError,
     TrainingRuntimeError,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "ConvergenceError",
     "ConvergenceWarning",
     "CrossEntropyLearningLoss",
+    "CudaUnavailableError",
     "EarlyStopping",
     "ElasticLearningLoss",
     "ElasticLearningPenalty",

@@ -26,7 +26,9 @@ class DeviceArray:
 
     def __init__(self, value: np.ndarray, device: Device, copy: bool = True) -> None:
         self.device = device
-        arr = np.array(value, copy=True, order="C") if copy else np.ascontiguousarray(value)
+        arr = (
+            np.array(value, copy=True, order="C") if copy else np.asarray(value, order="C")
+        )  # (ascontiguousarray makes 0-d arrays 1-d)
         if device.kind == "cpu":
             self.host: np.ndarray | None = arr
             self.ortvalue = C.OrtValue.ortvalue_from_numpy(arr, device.ort_device)
@@ -54,7 +56,7 @@ class DeviceArray:
         if self.host is not None:
             np.copyto(self.host, value, casting="same_kind")
         else:
-            self.ortvalue.update_inplace(np.ascontiguousarray(value, dtype=self.dtype))
+            self.ortvalue.update_inplace(np.asarray(value, dtype=self.dtype, order="C"))
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -150,6 +150,40 @@ def check_fit_arrays(
     return Xc, yc, wc
 
 
+#: device kinds whose fits keep everything on the device: the data uploaded once, shuffled
+#: batches gathered there, the losses read back once per epoch. Tests add "cpu" to run that
+#: path without a GPU.
+DEVICE_RESIDENT_KINDS: set[str] = {"cuda"}
+
+
+def device_resident(device: Device) -> bool:
+    return device.kind in DEVICE_RESIDENT_KINDS
+
+
+def _gather_graph(arrays: list[np.ndarray]) -> Any:
+    """rows = perm[start:end]; out_k = data_k[rows]: one batch of the epoch's order, gathered
+    on the device from the arrays uploaded once."""
+    from onnx import TensorProto, helper
+
+    inputs = [
+        helper.make_tensor_value_info("perm", TensorProto.INT64, ["N"]),
+        helper.make_tensor_value_info("start", TensorProto.INT64, [1]),
+        helper.make_tensor_value_info("end", TensorProto.INT64, [1]),
+    ]
+    outputs = []
+    nodes = [helper.make_node("Slice", ["perm", "start", "end"], ["rows"])]
+    for k, a in enumerate(arrays):
+        elem = helper.np_dtype_to_tensor_dtype(a.dtype)
+        tail = list(a.shape[1:])
+        inputs.append(helper.make_tensor_value_info(f"data{k}", elem, ["N", *tail]))
+        outputs.append(helper.make_tensor_value_info(f"batch{k}", elem, ["B", *tail]))
+        nodes.append(helper.make_node("Gather", [f"data{k}", "rows"], [f"batch{k}"], axis=0))
+    graph = helper.make_graph(nodes, "gather_batch", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
 class BatchStore:
     """The training arrays on the device once per fit, cut into fixed batch views.
 
@@ -157,8 +191,12 @@ class BatchStore:
     shuffling, every batch of a size views one batch-sized buffer per array, which
     :meth:`fill` gathers the batch's rows into just before its step: each batch keeps its data
     pointer and its binding, and the data are never copied whole (a per-epoch gather into a
-    full-size buffer held 2x the data at its peak). On CUDA each batch is its own device tensor,
-    uploaded once (and again per shuffled epoch).
+    full-size buffer held 2x the data at its peak).
+
+    On a device-resident kind (CUDA) without shuffling each batch is its own device tensor,
+    uploaded once. With shuffling the whole arrays are uploaded once, the epoch's permutation
+    once per epoch, and :meth:`fill` runs a Slice + Gather graph on the device into one
+    batch-sized buffer per array and batch size (the host never touches the rows again).
     """
 
     def __init__(self, arrays: list[np.ndarray], batch_size: int, device: Device, shuffle: bool) -> None:
@@ -170,37 +208,68 @@ class BatchStore:
         self.batches: list[list[Any]] = []
         self._keep: list[Any] = []
         self._order: np.ndarray | None = None
+        self._gather: list[tuple[Any, Any]] = []
+        resident = device_resident(device)
         #: whether the fit loop must call fill(i) before step i
-        self.gathers = device.kind == "cpu" and shuffle
-        if device.kind == "cpu":
+        self.gathers = shuffle
+        if not resident:
             rows = self.bounds[0][1] - self.bounds[0][0] if self.bounds and shuffle else 0
             self.buffers = [np.empty((rows, *a.shape[1:]), dtype=a.dtype) for a in arrays] if shuffle else []
             for s, e in self.bounds:
                 views = [buf[: e - s] for buf in self.buffers] if shuffle else [a[s:e] for a in arrays]
                 self._keep.append(views)
                 self.batches.append([C.OrtValue.ortvalue_from_numpy(v, device.ort_device) for v in views])
+        elif not shuffle:
+            self.buffers = []
+            self._keep = [[DeviceArray(a[s:e], device) for a in arrays] for s, e in self.bounds]
+            self.batches = [[d.ortvalue for d in row] for row in self._keep]
         else:
             self.buffers = []
-            self._device_batches = [[DeviceArray(a[s:e], device) for a in arrays] for s, e in self.bounds]
-            self.batches = [[d.ortvalue for d in row] for row in self._device_batches]
+            self._init_device_gather(arrays, device)
+
+    def _init_device_gather(self, arrays: list[np.ndarray], device: Device) -> None:
+        from ._binding import make_session
+
+        full = [DeviceArray(a, device, copy=False) for a in arrays]
+        self._perm = DeviceArray(np.arange(self.n, dtype=np.int64), device)
+        by_size = {
+            size: [DeviceArray.zeros((size, *a.shape[1:]), a.dtype, device) for a in arrays]
+            for size in sorted({e - s for s, e in self.bounds})
+        }
+        sess = make_session(_gather_graph(arrays), device)
+        self._keep = [full, self._perm, by_size]
+        for s, e in self.bounds:
+            out = by_size[e - s]
+            start = DeviceArray(np.array([s], dtype=np.int64), device)
+            end = DeviceArray(np.array([e], dtype=np.int64), device)
+            binding = C.SessionIOBinding(sess)
+            binding.bind_ortvalue_input("perm", self._perm.ortvalue)
+            binding.bind_ortvalue_input("start", start.ortvalue)
+            binding.bind_ortvalue_input("end", end.ortvalue)
+            for k, (src, dst) in enumerate(zip(full, out)):
+                binding.bind_ortvalue_input(f"data{k}", src.ortvalue)
+                binding.bind_ortvalue_output(f"batch{k}", dst.ortvalue)
+            self._keep.append((start, end))
+            self._gather.append((sess.run_with_iobinding, binding))
+            self.batches.append([d.ortvalue for d in out])
 
     def load(self, order: np.ndarray | None) -> None:
         """Sets the epoch's row order (None keeps the current content)."""
         if order is None:
             return
-        if self.device.kind == "cpu":
-            self._order = order
-        else:
-            for (s, e), row in zip(self.bounds, self._device_batches):
-                idx = order[s:e]
-                for src, dev in zip(self.sources, row):
-                    dev.write(src[idx])
+        self._order = order
+        if self._gather:
+            self._perm.write(order.astype(np.int64, copy=False))
 
     def fill(self, batch: int) -> None:
-        """Gathers batch ``batch`` of the current order into the CPU batch buffers."""
+        """Gathers batch ``batch`` of the current order into the batch buffers."""
         order = self._order
         if order is None:
             raise RuntimeError("fill() needs load(order) first")
+        if self._gather:
+            run, binding = self._gather[batch]
+            run(binding, None)
+            return
         s, e = self.bounds[batch]
         for src, buf in zip(self.sources, self.buffers):
             # mode='clip': the order is a permutation; the default 'raise' copies `out` first

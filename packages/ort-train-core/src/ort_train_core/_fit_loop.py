@@ -48,10 +48,14 @@ class StepRunner(Protocol):
 
     store: BatchStore
     has_validation: bool
+    #: step() returns 0.0 and epoch_losses() reads the epoch's losses at its end
+    defer_losses: bool
 
     def set_epoch(self, epoch: int) -> None: ...
 
     def step(self, batch: int) -> float: ...
+
+    def epoch_losses(self, n_done: int) -> np.ndarray: ...
 
     def snapshot(self) -> TrainingState: ...
 
@@ -308,19 +312,16 @@ class BaseOrtTrainer(ParamsMixin):
                             fill(i)
                         loss = step(i)
                         if not isfinite(loss):
-                            runner.restore(snapshot)
-                            self._state = snapshot
-                            raise ConvergenceError(
-                                f"the training loss became {loss} at epoch {epoch + 1}, batch {i + 1}: "
-                                "weights were restored to the end of the last complete epoch; lower "
-                                "the learning rate or scale the data",
-                                epoch=epoch,
-                                batch=i,
-                            )
+                            raise self._diverged(runner, snapshot, loss, epoch, i)
                         losses[i] = loss
                         done += 1
                         if stop_requested():
                             break
+                    if runner.defer_losses:  # one read-back per epoch, the same check
+                        losses[:done] = runner.epoch_losses(done)
+                        bad = np.flatnonzero(~np.isfinite(losses[:done]))
+                        if bad.size:
+                            raise self._diverged(runner, snapshot, losses[bad[0]], epoch, int(bad[0]))
                     if done < n_batches:  # Ctrl-C: keep the steps taken, record no epoch
                         interrupted = True
                         if ckpt is not None:  # the last epoch end, so that resume is exact
@@ -391,6 +392,20 @@ class BaseOrtTrainer(ParamsMixin):
                 ConvergenceWarning,
                 stacklevel=4,
             )
+
+    def _diverged(
+        self, runner: StepRunner, snapshot: TrainingState, loss: float, epoch: int, batch: int
+    ) -> ConvergenceError:
+        """Rolls back to ``snapshot`` and returns the error to raise."""
+        runner.restore(snapshot)
+        self._state = snapshot
+        return ConvergenceError(
+            f"the training loss became {loss} at epoch {epoch + 1}, batch {batch + 1}: "
+            "weights were restored to the end of the last complete epoch; lower "
+            "the learning rate or scale the data",
+            epoch=epoch,
+            batch=batch,
+        )
 
     # ---- state -----------------------------------------------------------------------
     def _current_state(self) -> TrainingState:

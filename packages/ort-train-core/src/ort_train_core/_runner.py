@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ._binding import CachedBinding, DeviceArray
-from ._data import BatchStore
+from ._data import BatchStore, device_resident
 from ._fit_loop import TrainingState
 from ._runtime import C, Device
 from .learning_rate import BaseLearningRate
@@ -64,6 +64,12 @@ class DoubleBufferedRunner:
             for w in self.weight_names
         }
         self.n_steps = state.n_steps
+        #: device-resident (CUDA): each batch's loss stays in its own device scalar until
+        #: epoch_losses() reads them all at the end of the epoch, so a step never waits for
+        #: the device to hand a number back; step() then returns 0.0
+        self.defer_losses = device_resident(device)
+        n = len(store.bounds) if self.defer_losses else 0
+        self.batch_losses = [DeviceArray.zeros((), dtype, device) for _ in range(n)]
         self.scalar_host = [np.zeros((), dtype=dtype) for _ in lr.scalar_names]
         self.scalar_values = [host_ortvalue(a) for a in self.scalar_host]
         self.per_step_scalars = lr.scalars_change_every_step
@@ -78,6 +84,15 @@ class DoubleBufferedRunner:
             self.val_loss_host = np.zeros((), dtype=dtype)
             self.val_loss_value = host_ortvalue(self.val_loss_host)
             self.eval_binding.bind_output(loss_name, self.val_loss_value)
+
+    def loss_output(self, batch: int, host_value: Any) -> Any:
+        """The OrtValue a step's loss is written to: the batch's device scalar when deferred,
+        else ``host_value`` (a host scalar read right after the step)."""
+        return self.batch_losses[batch].ortvalue if self.defer_losses else host_value
+
+    def epoch_losses(self, n_done: int) -> np.ndarray:
+        """The deferred losses of the first ``n_done`` batches of the epoch (one read each)."""
+        return np.array([float(a.read()) for a in self.batch_losses[:n_done]], dtype=np.float64)
 
     def bind_update(self, binding: Any, sig: Any, parity: int) -> None:
         """Binds weights, states and scalars of an update (fused or standalone): reads

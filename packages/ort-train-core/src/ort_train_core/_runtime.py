@@ -127,4 +127,7 @@ def parse_device(device: str | Device) -> Device:
             f"build only offers {C.get_available_providers()}. Install it with "
             f"'pip uninstall -y onnxruntime-training-cpu && {PIP_FIX_CUDA}'."
         )
+    from ._cuda import ensure_cuda  # ctypes and the library search: CUDA users only
+
+    ensure_cuda(int(index or 0))
     return Device("cuda", int(index or 0))

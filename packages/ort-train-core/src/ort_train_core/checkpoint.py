@@ -45,7 +45,7 @@ def write_checkpoint(
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     document = {"format": FORMAT, "format_version": FORMAT_VERSION, **meta}
-    payload = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+    payload = {k: np.asarray(v, order="C") for k, v in arrays.items()}
     payload["meta"] = np.frombuffer(json.dumps(document).encode("utf-8"), dtype=np.uint8)
     savez: Any = np.savez  # keyword arrays; numpy's stubs read them as its own options
     write_atomically(path, lambda f: savez(f, **payload), prefix=".checkpoint-")

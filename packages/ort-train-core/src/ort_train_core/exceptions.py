@@ -33,3 +33,8 @@ class ConvergenceWarning(UserWarning):
 
 class GraphNotDifferentiableError(ValueError):
     """The gradient graph cannot be built: an operator on the path to the loss has no gradient."""
+
+
+class CudaUnavailableError(RuntimeError):
+    """A CUDA device was asked for but cannot be used: no NVIDIA driver, no GPU at that index,
+    or CUDA 11.8 / cuDNN 8 libraries missing. The message names what is missing and the fix."""

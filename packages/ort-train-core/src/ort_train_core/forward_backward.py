@@ -47,7 +47,7 @@ def to_ortvalue(value: Any, device: Device, keep: list[Any]) -> Any:
         dev = DeviceArray(arr, device)
         keep.append(dev)
         return dev.ortvalue
-    arr = np.ascontiguousarray(arr)
+    arr = np.asarray(arr, order="C")  # ascontiguousarray makes 0-d arrays 1-d
     keep.append(arr)
     return C.OrtValue.ortvalue_from_numpy(arr, device.ort_device)
 

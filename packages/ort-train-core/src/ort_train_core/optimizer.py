@@ -229,10 +229,10 @@ class _FusedRunner(DoubleBufferedRunner):
         n = len(store.bounds)
         self.step_bindings: list[list[tuple[Any, Any] | None]] = [[None] * n, [None] * n]
 
-    def _binding(self, sig: FusedStepSignature, sess: Any, parity: int) -> CachedBinding:
+    def _binding(self, sig: FusedStepSignature, sess: Any, parity: int, batch: int = 0) -> CachedBinding:
         b = CachedBinding(sess)
         self.bind_update(b.binding, sig, parity)
-        b.binding.bind_ortvalue_output(sig.loss, self.loss_value)
+        b.binding.bind_ortvalue_output(sig.loss, self.loss_output(batch, self.loss_value))
         return b
 
     def _step_binding(self, batch: int) -> tuple[Any, Any]:
@@ -243,8 +243,10 @@ class _FusedRunner(DoubleBufferedRunner):
             b = self.shared[e - s, self.parity]
             for name, ov in zip(self.data_names, self.store.batches[batch]):
                 b.bind_input(name, ov)
+            if self.defer_losses:
+                b.binding.bind_ortvalue_output(sig.loss, self.batch_losses[batch].ortvalue)
             return sess.run_with_iobinding, b.binding
-        b = self._binding(sig, sess, self.parity)
+        b = self._binding(sig, sess, self.parity, batch)
         for name, ov in zip(self.data_names, self.store.batches[batch]):
             b.binding.bind_ortvalue_input(name, ov)
         entry = (sess.run_with_iobinding, b.binding)
@@ -258,4 +260,4 @@ class _FusedRunner(DoubleBufferedRunner):
         run(b, None)
         self.parity ^= 1
         self.n_steps += 1
-        return float(self.loss_host)
+        return 0.0 if self.defer_losses else float(self.loss_host)

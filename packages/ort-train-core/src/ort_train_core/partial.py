@@ -324,6 +324,7 @@ class _PartialRunner(DoubleBufferedRunner):
         self.loss_value = host_ortvalue(self.loss_host)
         self.penalty_host = np.zeros((), dtype=self.dtype)
         self.penalty_value = host_ortvalue(self.penalty_host)
+        self.batch_penalties = [DeviceArray.zeros((), self.dtype, device) for _ in self.batch_losses]
         _, self.update_sig, update_sess = update
         self.update_bindings = []
         for parity in (0, 1):
@@ -386,7 +387,7 @@ class _PartialRunner(DoubleBufferedRunner):
         b.bind_ortvalue_input("prediction", self.outputs[size][self.output_index].ortvalue)
         b.bind_ortvalue_input("label", data[self.n_inputs])
         b.bind_ortvalue_input("weight", data[self.n_inputs + 1])
-        b.bind_ortvalue_output("loss", self.loss_value)
+        b.bind_ortvalue_output("loss", self.loss_output(batch, self.loss_value))
         b.bind_ortvalue_output("prediction_grad", self.output_grad_buffers[size][self.output_index].ortvalue)
         entry = (sess.run_with_iobinding, b)
         self.loss_entries[batch] = entry
@@ -404,10 +405,20 @@ class _PartialRunner(DoubleBufferedRunner):
         run_update, update_binding = self.update_bindings[self.parity]
         if self.per_step_scalars:
             self._write_scalars()
+        if self.defer_losses and self.update_sig.penalty is not None:
+            update_binding.bind_ortvalue_output(self.update_sig.penalty, self.batch_penalties[batch].ortvalue)
         run_update(update_binding, None)
         self.parity ^= 1
         self.n_steps += 1
+        if self.defer_losses:
+            return 0.0
         return float(self.loss_host) + float(self.penalty_host)
+
+    def epoch_losses(self, n_done: int) -> np.ndarray:
+        losses = super().epoch_losses(n_done)
+        if self.update_sig.penalty is not None:
+            losses += [float(a.read()) for a in self.batch_penalties[:n_done]]
+        return losses
 
 
 def _vector(values: Any) -> Any:
