@@ -112,12 +112,16 @@ def docs(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks against numpy, torch, scikit-learn and onnxruntime's own training API, with
     plots; `-- --quick` for a short run (under 5 minutes on 2 cores)."""
-    _install_core(session)
-    session.install("scikit-learn", "skl2onnx", "torch==2.13.0", "matplotlib", "psutil")
+    args = list(session.posargs)
+    device = "cuda" if any(arg.startswith(("cuda", "--device=cuda")) for arg in args) else "cpu"
+    # torch first, pinned (on a GPU machine PyPI's torch==2.13.0 is a CUDA build)
+    session.install("torch==2.13.0")
+    _install_core(session, device)
+    session.install("scikit-learn", "skl2onnx", "matplotlib", "psutil")
     session.install("-e", "packages/ort-train-sklearn", "-e", "packages/ort-train-torch")
     # the matrix (every route, PNG plots), then the target benchmarks of the training loops,
     # OrtMLPRegressor and OnnxModule; `-- --quick`, `-- --device cuda`
-    session.run("python", "benchmarks/run.py", *session.posargs)
+    session.run("python", "benchmarks/run.py", *args)
 
 
 @nox.session(python="3.11")

@@ -965,9 +965,11 @@ def cuda_unavailable_reason() -> str | None:
         from ort_train_core._runtime import C, parse_device
     except ImportError as exc:
         return f"ort-train-core cannot be imported: {exc}"
+    from ort_train_core import CudaUnavailableError
+
     try:
-        parse_device("cuda")
-    except ValueError as exc:
+        parse_device("cuda")  # also checks the driver and the GPU, and preloads CUDA 11.8
+    except (ValueError, CudaUnavailableError) as exc:
         return str(exc)
     providers = C.get_available_providers()
     if "CUDAExecutionProvider" not in providers:  # pragma: no cover - parse_device said so

@@ -1,5 +1,5 @@
 """Shared by every test folder: the ``cuda`` marker skips, with the reason and the fix, where
-onnxruntime offers no CUDAExecutionProvider."""
+onnxruntime offers no CUDAExecutionProvider or the driver sees no GPU."""
 
 from __future__ import annotations
 
@@ -22,15 +22,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     providers = list(onnxruntime.get_available_providers())
     if "CUDAExecutionProvider" in providers:
-        return
+        from ort_train_core import CudaUnavailableError
+        from ort_train_core._cuda import count_gpus
+
+        try:
+            n_gpus = count_gpus()
+            why = "the NVIDIA driver sees no GPU"
+        except CudaUnavailableError as exc:
+            n_gpus, why = 0, str(exc)
+        if n_gpus:
+            return
+        reason = f"needs a GPU: {why}"
+    else:
+        reason = f"needs CUDAExecutionProvider; the installed onnxruntime offers {providers}"
     for item in items:
         if item.get_closest_marker("cuda") is None:
             continue
         folder = item.path.parent.name
         package = _PACKAGES.get(folder, "ort-train-core")
         item.add_marker(
-            pytest.mark.skip(
-                reason=f"needs CUDAExecutionProvider; the installed onnxruntime offers {providers} "
-                f"(install {package}[cuda] on a machine with a GPU)"
-            )
+            pytest.mark.skip(reason=f"{reason} (install {package}[cuda] on a machine with a GPU)")
         )

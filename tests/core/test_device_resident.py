@@ -4,8 +4,6 @@ the same code, checked against numpy. The tests marked ``cuda`` run it on a GPU.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 from core_models import build_linear, initializers, linear_sgd_reference
@@ -19,9 +17,8 @@ SEED = 1234
 
 
 @pytest.fixture
-def resident_cpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def resident_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_data, "DEVICE_RESIDENT_KINDS", {"cpu", "cuda"})
-    yield
 
 
 def _orders(seed: int, n: int, epochs: int) -> list[np.ndarray]:
@@ -147,3 +144,42 @@ def test_resident_divergence_rolls_back_and_names_the_batch(resident_cpu: None, 
     state = trainer.get_state()
     for name, value in w.items():
         np.testing.assert_array_equal(state[name], value)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", ["full", "partial"])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_cuda_fit_matches_numpy_sgd(kind: str, shuffle: bool, linear_data) -> None:
+    """On the GPU: uploaded once, gathered there when shuffled, losses read once per epoch."""
+    X, y = linear_data
+    model = build_linear(3, 1)
+    common = {
+        "max_iter": 3,
+        "batch_size": 10,
+        "learning_rate": 0.05,
+        "random_state": SEED,
+        "shuffle": shuffle,
+    }
+    if kind == "full":
+        trainer: otc.OrtGradientOptimizer | otc.OrtGradientForwardBackwardOptimizer = (
+            otc.OrtGradientOptimizer(otc.add_loss_output(model), device="cuda", **common)
+        )
+    else:
+        trainer = otc.OrtGradientForwardBackwardOptimizer(model, device="cuda", **common)
+    trainer.fit(X, y)
+    orders = _orders(SEED, len(X), 3) if shuffle else None
+    expected, losses = linear_sgd_reference(
+        initializers(model), X, y, eta=0.05, batch_size=10, epochs=3, orders=orders
+    )
+    state = trainer.get_state()
+    _assert_close({k: state[k] for k in expected}, expected)
+    np.testing.assert_allclose(trainer.train_losses_, losses, rtol=1e-4)
+
+
+@pytest.mark.cuda
+def test_installed_cuda_wheels_are_found() -> None:
+    """Where the [cuda] extra is installed, every library comes from its wheel."""
+    from ort_train_core._cuda import CUDA_LIBRARIES, find_cuda_libraries, search_roots
+
+    found = find_cuda_libraries(search_roots())
+    assert sorted(found) == sorted(lib.soname for lib in CUDA_LIBRARIES)

@@ -1,6 +1,7 @@
-"""DistributedDataParallel over a model holding an ``OnnxModule``: two processes, gloo, loopback
-only. Each rank trains on its half of a fixed batch; DDP averages the gradients, so both ranks
-must end with the parameters a single process reaches on the full batch."""
+"""DistributedDataParallel over a model holding an ``OnnxModule``: two processes, loopback
+only; gloo on CPU, nccl with one GPU per rank (marked ``cuda``). Each rank trains on its half
+of a fixed batch; DDP averages the gradients, so both ranks must end with the parameters a
+single process reaches on the full batch."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ IN_FEATURES = 4
 #: a hang (rendezvous, collective) fails the test instead of blocking the run
 PG_TIMEOUT_S = 30
 JOIN_TIMEOUT_S = 90
+N_GPUS = torch.cuda.device_count()
 
 
 def _free_port() -> int:
@@ -58,7 +60,12 @@ def _initial_networks() -> tuple[nn.Linear, nn.Sequential]:
 
 
 def _worker(
-    rank: int, port: int, onnx_bytes: bytes, front_state: dict[str, torch.Tensor], out_dir: str
+    rank: int,
+    port: int,
+    onnx_bytes: bytes,
+    front_state: dict[str, torch.Tensor],
+    out_dir: str,
+    backend: str = "gloo",
 ) -> None:
     """One DDP rank; top level so that spawn can import it. Exceptions reach the parent through
     ``torch.multiprocessing.spawn`` (with the child's traceback)."""
@@ -68,21 +75,24 @@ def _worker(
     if sys.platform.startswith("linux") and "lo" in {name for _, name in socket.if_nameindex()}:
         # gloo's transport on the loopback interface, not on whatever the hostname resolves to
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE, timeout=timedelta(seconds=PG_TIMEOUT_S))
+    dist.init_process_group(
+        backend, rank=rank, world_size=WORLD_SIZE, timeout=timedelta(seconds=PG_TIMEOUT_S)
+    )
     try:
+        device = torch.device(f"cuda:{rank}" if backend == "nccl" else "cpu")
         front = nn.Linear(IN_FEATURES, SIZES[0])
         front.load_state_dict(front_state)
-        model = nn.Sequential(front, nn.Tanh(), OnnxModule(onnx_bytes))
-        ddp = nn.parallel.DistributedDataParallel(model)
+        model = nn.Sequential(front, nn.Tanh(), OnnxModule(onnx_bytes)).to(device)
+        ddp = nn.parallel.DistributedDataParallel(model, device_ids=[rank] if device.type == "cuda" else None)
         opt = torch.optim.SGD(ddp.parameters(), lr=LR)
         x, y = _data()
-        x, y = x[rank::WORLD_SIZE], y[rank::WORLD_SIZE]
+        x, y = x[rank::WORLD_SIZE].to(device), y[rank::WORLD_SIZE].to(device)
         for _ in range(STEPS):
             opt.zero_grad()
             loss = nn.functional.mse_loss(ddp(x), y)
             loss.backward()
             opt.step()
-        state = {k: v.detach().numpy().copy() for k, v in ddp.module.state_dict().items()}
+        state = {k: v.detach().cpu().numpy().copy() for k, v in ddp.module.state_dict().items()}
         np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **state)
         dist.barrier()
     finally:
@@ -119,13 +129,29 @@ def _reference(front: nn.Linear, mlp: nn.Sequential) -> dict[str, np.ndarray]:
     return out
 
 
-def test_ddp_two_ranks_match_single_process_full_batch(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "gloo",
+        pytest.param(
+            "nccl",
+            marks=[
+                pytest.mark.cuda,
+                pytest.mark.skipif(
+                    N_GPUS < WORLD_SIZE,
+                    reason=f"nccl needs a GPU per rank ({WORLD_SIZE}); torch sees {N_GPUS}",
+                ),
+            ],
+        ),
+    ],
+)
+def test_ddp_two_ranks_match_single_process_full_batch(tmp_path: Path, backend: str) -> None:
     front, mlp = _initial_networks()
     onnx_bytes = onnx_from_torch_mlp(mlp).SerializeToString()
     front_state = {k: v.clone() for k, v in front.state_dict().items()}
     initial = {f"2.{k}": v.numpy().copy() for k, v in torch_weights_as_onnx(mlp).items()}
 
-    _run_ranks((_free_port(), onnx_bytes, front_state, str(tmp_path)))
+    _run_ranks((_free_port(), onnx_bytes, front_state, str(tmp_path), backend))
 
     ranks = []
     for r in range(WORLD_SIZE):

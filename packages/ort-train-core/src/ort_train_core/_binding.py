@@ -22,13 +22,14 @@ class DeviceArray:
     On CPU the OrtValue views ``self.host`` (zero copy, writes visible to onnxruntime at once).
     """
 
-    __slots__ = ("device", "host", "ortvalue")
+    __slots__ = ("_dtype", "device", "host", "ortvalue")
 
     def __init__(self, value: np.ndarray, device: Device, copy: bool = True) -> None:
         self.device = device
         arr = (
             np.array(value, copy=True, order="C") if copy else np.asarray(value, order="C")
         )  # (ascontiguousarray makes 0-d arrays 1-d)
+        self._dtype = arr.dtype
         if device.kind == "cpu":
             self.host: np.ndarray | None = arr
             self.ortvalue = C.OrtValue.ortvalue_from_numpy(arr, device.ort_device)
@@ -64,7 +65,8 @@ class DeviceArray:
 
     @property
     def dtype(self) -> np.dtype:
-        return self.host.dtype if self.host is not None else np.dtype(self.ortvalue.numpy().dtype)
+        """Known from construction: asking a device OrtValue means copying it to the host."""
+        return self._dtype
 
 
 class CachedBinding:

@@ -69,6 +69,17 @@ def ortvalue_from_tensor(tensor: torch.Tensor) -> Any:
         return C.OrtValue.from_dlpack(_to_dlpack(fresh), is_bool)
 
 
+def wait_for_torch(device: torch.device) -> None:
+    """Blocks until torch's queued work on ``device`` is done (CUDA only).
+
+    torch writes the inputs and output gradients on its current stream; onnxruntime reads them
+    on its own stream, which knows nothing of torch's. Its runs end synchronised (onnxruntime's
+    default), so what it hands back is ready for any torch stream.
+    """
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
 def tensor_from_ortvalue(value: Any) -> torch.Tensor:
     """A torch tensor over an OrtValue's memory (no copy)."""
     tensor = torch.utils.dlpack.from_dlpack(value.to_dlpack())
@@ -130,6 +141,8 @@ class _OnnxFunction(torch.autograd.Function):
         """``args``: the inputs then the parameters (autograd tracks them); ``weight_values``:
         the parameters as OrtValues, made by the module."""
         n_inputs = len(needs_grad)
+        if args:
+            wait_for_torch(args[0].device)
         feeds = [ortvalue_from_tensor(t) for t in args[:n_inputs]]
         outputs = fb.forward(feeds, training=True, weights=weight_values)
         pending = fb.pop_pending()
@@ -161,6 +174,8 @@ class _OnnxFunction(torch.autograd.Function):
                     shape, dtype=dtype if dtype.is_floating_point else torch.float32, device=device
                 )
             grads.append(ortvalue_from_tensor(g))
+        if c.output_meta:
+            wait_for_torch(c.output_meta[0][2])
         results = [tensor_from_ortvalue(v) for v in fb.backward(grads, pending)]
         n_input_grads = len(fb.input_names_requiring_grad)
         input_grads = iter(results[:n_input_grads])
@@ -320,6 +335,7 @@ class OnnxModule(nn.Module):
             )
         else:
             fb = self._forward_backward(device, ())
+            wait_for_torch(device)
             feeds = [ortvalue_from_tensor(t) for t in inputs]
             results = fb.forward(feeds, training=False, weights=self._parameter_values(params))
             outputs = tuple(tensor_from_ortvalue(o) for o in results)
