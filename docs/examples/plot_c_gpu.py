@@ -4,12 +4,13 @@
 Train on a GPU
 ==============
 
-The same trainers take ``device='cuda'`` (or ``'cuda:N'``): the data goes to the GPU when the
-fit starts (again each epoch when shuffled), weights and optimizer states stay there between
-steps, and only the scalar loss comes back to the host after each step. That needs the CUDA
-build of onnxruntime-training (``pip install "ort-train-core[cuda]"``) and a GPU; this script
-checks what onnxruntime offers and falls back to the CPU otherwise (which is what happens while
-the documentation builds on a machine without a GPU).
+The same trainers take ``device='cuda'`` (or ``'cuda:N'``): the data goes to the GPU once when
+the fit starts (a shuffled epoch gathers its batches there), weights and optimizer states stay
+there between steps, and the losses come back to the host once per epoch. That needs
+``pip install "ort-train-core[cuda]"`` (the CUDA build of onnxruntime-training and the CUDA 11.8
+/ cuDNN 8 wheels) and a GPU; this script asks :func:`~ort_train_core.check_device` and falls
+back to the CPU otherwise (which is what happens while the documentation builds on a machine
+without a GPU).
 """
 
 import time
@@ -22,15 +23,21 @@ from sklearn.datasets import load_diabetes
 from sklearn.neural_network import MLPRegressor
 from sklearn.preprocessing import StandardScaler
 
-from ort_train_core import LearningRateAdam, OrtGradientOptimizer, add_loss_output
+from ort_train_core import (
+    CudaUnavailableError,
+    LearningRateAdam,
+    OrtGradientOptimizer,
+    add_loss_output,
+    check_device,
+)
 
-providers = onnxruntime.get_available_providers()
-device = "cuda" if "CUDAExecutionProvider" in providers else "cpu"
-print("onnxruntime offers", providers)
-if device == "cpu":
-    print("no CUDAExecutionProvider: this example runs on the CPU")
-else:
+print("onnxruntime offers", onnxruntime.get_available_providers())
+try:
+    device = check_device("cuda")  # the CUDA build, the driver, a GPU, the CUDA 11.8 libraries
     print("training on", device)
+except (ValueError, CudaUnavailableError) as exc:
+    device = "cpu"
+    print(f"this example runs on the CPU: {exc}")
 
 # %%
 # An MLP whose initial weights come from scikit-learn (one iteration), converted to ONNX.

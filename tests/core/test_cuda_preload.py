@@ -224,3 +224,27 @@ def test_no_gpu_names_cuda_visible_devices(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(CudaUnavailableError, match=r"sees no GPU .*CUDA_VISIBLE_DEVICES=''"):
         ensure_cuda(0, [], lambda name: FakeDriver(0))
+
+
+def test_check_device_prepares_cuda_through_the_preload(monkeypatch):
+    """With a CUDA build (faked here), choosing 'cuda:N' checks driver and GPU and preloads the
+    libraries before anything is built; its error reaches the caller as it is."""
+    from ort_train_core import _runtime, check_device
+
+    monkeypatch.setattr(
+        _runtime.C, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    )
+    asked: list[int] = []
+    monkeypatch.setattr(_cuda, "ensure_cuda", asked.append)
+    assert check_device("CUDA:1") == "cuda:1"
+    assert check_device("cuda") == "cuda:0"
+    assert asked == [1, 0]
+    assert check_device("cpu") == "cpu"
+    assert asked == [1, 0]  # nothing for the CPU
+
+    def no_gpu(index: int) -> None:
+        raise CudaUnavailableError("device 'cuda:0': the NVIDIA driver sees no GPU")
+
+    monkeypatch.setattr(_cuda, "ensure_cuda", no_gpu)
+    with pytest.raises(CudaUnavailableError, match="sees no GPU"):
+        check_device("cuda")

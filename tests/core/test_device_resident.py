@@ -4,6 +4,8 @@ the same code, checked against numpy. The tests marked ``cuda`` run it on a GPU.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from core_models import build_linear, initializers, linear_sgd_reference
@@ -30,6 +32,13 @@ def _assert_close(state: dict[str, np.ndarray], expected: dict[str, np.ndarray])
     assert sorted(state) == sorted(expected)
     for name in expected:
         np.testing.assert_allclose(state[name], expected[name], rtol=2e-5, atol=2e-6, err_msg=name)
+
+
+def _trainer(kind: str, model: Any, **params: Any) -> Any:
+    """The full loop (over the model with its squared-error loss) or the partial loop."""
+    if kind == "full":
+        return otc.OrtGradientOptimizer(otc.add_loss_output(model), **params)
+    return otc.OrtGradientForwardBackwardOptimizer(model, **params)
 
 
 def test_device_gather_gives_the_rows_of_the_order(resident_cpu: None) -> None:
@@ -60,16 +69,7 @@ def test_resident_fit_matches_numpy_sgd(
         monkeypatch.setattr(optimizer, "MAX_PREBOUND_BATCHES", 1)
     X, y = linear_data
     model = build_linear(3, 1)
-    if kind == "full":
-        trainer: otc.OrtGradientOptimizer | otc.OrtGradientForwardBackwardOptimizer = (
-            otc.OrtGradientOptimizer(
-                otc.add_loss_output(model), max_iter=3, batch_size=10, learning_rate=0.05, random_state=SEED
-            )
-        )
-    else:
-        trainer = otc.OrtGradientForwardBackwardOptimizer(
-            model, max_iter=3, batch_size=10, learning_rate=0.05, random_state=SEED
-        )
+    trainer = _trainer(kind, model, max_iter=3, batch_size=10, learning_rate=0.05, random_state=SEED)
     trainer.fit(X, y, X_val=X, y_val=y)
     expected, losses = linear_sgd_reference(
         initializers(model), X, y, eta=0.05, batch_size=10, epochs=3, orders=_orders(SEED, len(X), 3)
@@ -113,17 +113,8 @@ def test_resident_divergence_rolls_back_and_names_the_batch(resident_cpu: None, 
     X = (rng.standard_normal((40, 3)) * 1e18).astype(np.float32)
     y = rng.standard_normal(40).astype(np.float32)
     model = build_linear(3, 1)
-    if kind == "full":
-        trainer: otc.OrtGradientOptimizer | otc.OrtGradientForwardBackwardOptimizer = (
-            otc.OrtGradientOptimizer(
-                otc.add_loss_output(model), max_iter=2, batch_size=10, learning_rate=1.0, shuffle=False
-            )
-        )
-    else:
-        trainer = otc.OrtGradientForwardBackwardOptimizer(
-            model, max_iter=2, batch_size=10, learning_rate=1.0, shuffle=False
-        )
-    # numpy: the first batch's loss is finite in float32? find the first that is not
+    trainer = _trainer(kind, model, max_iter=2, batch_size=10, learning_rate=1.0, shuffle=False)
+    # numpy, float32: the first batch whose loss is not finite
     w = initializers(model)
     coef, intercept = w["coef"].astype(np.float32), w["intercept"].astype(np.float32)
     first_bad = None
@@ -153,19 +144,16 @@ def test_cuda_fit_matches_numpy_sgd(kind: str, shuffle: bool, linear_data) -> No
     """On the GPU: uploaded once, gathered there when shuffled, losses read once per epoch."""
     X, y = linear_data
     model = build_linear(3, 1)
-    common = {
-        "max_iter": 3,
-        "batch_size": 10,
-        "learning_rate": 0.05,
-        "random_state": SEED,
-        "shuffle": shuffle,
-    }
-    if kind == "full":
-        trainer: otc.OrtGradientOptimizer | otc.OrtGradientForwardBackwardOptimizer = (
-            otc.OrtGradientOptimizer(otc.add_loss_output(model), device="cuda", **common)
-        )
-    else:
-        trainer = otc.OrtGradientForwardBackwardOptimizer(model, device="cuda", **common)
+    trainer = _trainer(
+        kind,
+        model,
+        device="cuda",
+        max_iter=3,
+        batch_size=10,
+        learning_rate=0.05,
+        random_state=SEED,
+        shuffle=shuffle,
+    )
     trainer.fit(X, y)
     orders = _orders(SEED, len(X), 3) if shuffle else None
     expected, losses = linear_sgd_reference(

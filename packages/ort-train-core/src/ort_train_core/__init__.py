@@ -6,6 +6,7 @@ Importing this package checks that the *training* build of onnxruntime is instal
 
 from ._io import load_model
 from ._runtime import C as _C  # noqa: F401  (the runtime check happens here)
+from ._runtime import check_device
 from ._version import __version__
 from .callbacks import Callback, EarlyStopping, EpochPrinter, ProgressBar
 from .exceptions import (
@@ -71,6 +72,7 @@ __all__ = [
     "TrainingRuntimeError",
     "__version__",
     "add_loss_output",
+    "check_device",
     "default_weights_to_train",
     "initializers_to_inputs",
     "inputs_to_initializers",

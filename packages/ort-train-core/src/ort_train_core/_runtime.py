@@ -131,3 +131,14 @@ def parse_device(device: str | Device) -> Device:
 
     ensure_cuda(int(index or 0))
     return Device("cuda", int(index or 0))
+
+
+def check_device(device: str) -> str:
+    """Checks that ``device`` can train here and returns its canonical name (``'cuda:0'``).
+
+    For CUDA: the CUDA build, the NVIDIA driver, the GPU index, and the CUDA 11.8 / cuDNN 8
+    libraries, which it loads (what the first fit on that device would do). Raises
+    ``ValueError`` or :class:`~ort_train_core.CudaUnavailableError` with the fix, so a script
+    can choose its device before it builds anything.
+    """
+    return str(parse_device(device))
