@@ -350,15 +350,29 @@ def test_import_without_the_training_build_says_how_to_install_it():
 
 # ---- CUDA ----------------------------------------------------------------------------------------
 @pytest.mark.cuda
-def test_cuda_gradients_match_cpu():
-    net = torch_mlp([6, 8, 2], seed=20)
-    cpu = OnnxModule(onnx_from_torch_mlp(net))
-    gpu = copy.deepcopy(cpu).to("cuda")
-    x = torch.randn(9, 6)
-    xg = x.cuda().requires_grad_()
-    x = x.requires_grad_()
-    cpu(x).pow(2).sum().backward()
-    gpu(xg).pow(2).sum().backward()
-    torch.testing.assert_close(xg.grad.cpu(), x.grad, atol=1e-5, rtol=1e-4)
-    for name, p in cpu.named_parameters():
-        torch.testing.assert_close(getattr(gpu, name).grad.cpu(), p.grad, atol=1e-5, rtol=1e-4)
+def test_cuda_gradients_match_torch_autograd():
+    """On the GPU, against the same torch network on the GPU: outputs, parameter and input
+    gradients; eval() runs the inference session there too."""
+    net = torch_mlp([6, 8, 2], seed=20).cuda()
+    module = OnnxModule(onnx_from_torch_mlp(net)).to("cuda")
+    x = torch.randn(9, 6, device="cuda")
+    x_ours, x_ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out = module(x_ours)
+    assert out.device.type == "cuda"
+    torch.testing.assert_close(out, net(x), atol=ATOL, rtol=1e-5)
+    out.pow(2).sum().backward()
+    net(x_ref).pow(2).sum().backward()
+    _assert_grads_match(module, net)
+    torch.testing.assert_close(x_ours.grad, x_ref.grad, atol=1e-5, rtol=1e-4)
+    module.eval()
+    torch.testing.assert_close(module(x), net(x), atol=ATOL, rtol=1e-5)
+
+
+@pytest.mark.cuda
+def test_cuda_tensors_cross_without_copies():
+    t = torch.randn(10, 4, device="cuda")
+    ov = ortvalue_from_tensor(t)
+    assert ov.data_ptr() == t.data_ptr()
+    back = tensor_from_ortvalue(ov)
+    assert back.device == t.device
+    assert back.data_ptr() == t.data_ptr()
