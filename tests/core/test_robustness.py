@@ -15,18 +15,15 @@ Deterministic (``derandomize=True``, no example database) and bounded for CI.
 
 from __future__ import annotations
 
-import json
-import os
 import re
-from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pytest
 from core_models import build_linear, build_mlp
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -36,31 +33,19 @@ from ort_train_core import (
     OrtGradientOptimizer,
     add_loss_output,
 )
+from robustness_support import new_outcomes, outcome_report, robust_settings
 
 N_FEATURES = {"linear": 3, "mlp": 4}
 #: examples per (loop, architecture, kind); 4 x 14 x 15 fits take about 10 s
 EXAMPLES = 15
 
 #: kind -> outcome (class name or "ok") -> count, over every example of this module
-OUTCOMES: dict[str, Counter[str]] = defaultdict(Counter)
+OUTCOMES = new_outcomes()
 
-ROBUST = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+ROBUST = robust_settings(EXAMPLES)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _report_outcomes() -> Iterator[None]:
-    yield
-    folder = os.environ.get("ROBUSTNESS_REPORT")
-    if folder:
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, "core.json"), "w") as f:
-            json.dump({k: dict(v) for k, v in sorted(OUTCOMES.items())}, f, indent=1, sort_keys=True)
+_report_outcomes = outcome_report("core", OUTCOMES)
 
 
 # ---- the inputs ---------------------------------------------------------------------------------

@@ -12,37 +12,28 @@ ConvergenceError and leave finite weights. Outcomes are counted per kind in :dat
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import warnings
-from collections import Counter, defaultdict
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from sklearn.exceptions import DataConversionWarning
 
 from ort_train_core import ConvergenceError
 from ort_train_sklearn import OrtMLPClassifier, OrtMLPRegressor, OrtSGDClassifier, OrtSGDRegressor
+from robustness_support import new_outcomes, outcome_report, robust_settings
 
 N_FEATURES = 3
 #: examples per (estimator, kind): 4 x 13 x 8 fits (plus the reference fits) take about 15 s
 EXAMPLES = 8
-OUTCOMES: dict[str, Counter[str]] = defaultdict(Counter)
+OUTCOMES = new_outcomes()
 
-ROBUST = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+ROBUST = robust_settings(EXAMPLES)
 
 ESTIMATORS: dict[str, Any] = {
     "sgd-regressor": lambda: OrtSGDRegressor(max_iter=2, tol=None, random_state=0),
@@ -52,14 +43,7 @@ ESTIMATORS: dict[str, Any] = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _report_outcomes() -> Iterator[None]:
-    yield
-    folder = os.environ.get("ROBUSTNESS_REPORT")
-    if folder:
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, "sklearn.json"), "w") as f:
-            json.dump({k: dict(v) for k, v in sorted(OUTCOMES.items())}, f, indent=1, sort_keys=True)
+_report_outcomes = outcome_report("sklearn", OUTCOMES)
 
 
 @dataclass

@@ -12,11 +12,7 @@ and never an output of the wrong shape. Outcomes per kind: :data:`OUTCOMES` (JSO
 
 from __future__ import annotations
 
-import json
-import os
 import re
-from collections import Counter, defaultdict
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,34 +20,22 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from torch_models import onnx_from_torch_mlp, torch_mlp
 
 from ort_train_torch import OnnxModule
+from robustness_support import new_outcomes, outcome_report, robust_settings
 
 SIZES = [3, 5, 2]
 EXAMPLES = 12
-OUTCOMES: dict[str, Counter[str]] = defaultdict(Counter)
+OUTCOMES = new_outcomes()
 
-ROBUST = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+ROBUST = robust_settings(EXAMPLES)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _report_outcomes() -> Iterator[None]:
-    yield
-    folder = os.environ.get("ROBUSTNESS_REPORT")
-    if folder:
-        os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, "torch.json"), "w") as f:
-            json.dump({k: dict(v) for k, v in sorted(OUTCOMES.items())}, f, indent=1, sort_keys=True)
+_report_outcomes = outcome_report("torch", OUTCOMES)
 
 
 @pytest.fixture(scope="module")
