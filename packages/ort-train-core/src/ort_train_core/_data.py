@@ -238,14 +238,16 @@ class BatchStore:
         }
         sess = make_session(_gather_graph(arrays), device)
         self._keep = [full, self._perm, by_size]
+        host = C.OrtDevice(C.OrtDevice.cpu(), C.OrtDevice.default_memory(), 0)
         for s, e in self.bounds:
             out = by_size[e - s]
-            start = DeviceArray(np.array([s], dtype=np.int64), device)
-            end = DeviceArray(np.array([e], dtype=np.int64), device)
+            # Slice reads its bounds on the host (CUDA kernels take them as CPU inputs): device
+            # bounds would cost a device-to-host copy, and a wait, at every batch
+            start, end = np.array([s], dtype=np.int64), np.array([e], dtype=np.int64)
             binding = C.SessionIOBinding(sess)
             binding.bind_ortvalue_input("perm", self._perm.ortvalue)
-            binding.bind_ortvalue_input("start", start.ortvalue)
-            binding.bind_ortvalue_input("end", end.ortvalue)
+            binding.bind_ortvalue_input("start", C.OrtValue.ortvalue_from_numpy(start, host))
+            binding.bind_ortvalue_input("end", C.OrtValue.ortvalue_from_numpy(end, host))
             for k, (src, dst) in enumerate(zip(full, out)):
                 binding.bind_ortvalue_input(f"data{k}", src.ortvalue)
                 binding.bind_ortvalue_output(f"batch{k}", dst.ortvalue)
