@@ -217,6 +217,37 @@ def test_bad_input_exits_2_without_traceback(files, tmp_path, capsys):
     assert "no column 'label'" in err
 
 
+def test_cuda_that_cannot_run_exits_2_with_the_fix(files, tmp_path, capsys, monkeypatch):
+    """The CPU build (here), or a CUDA build without a GPU (faked): a setup problem, exit 2."""
+    from ort_train_core import CudaUnavailableError, _cuda, _runtime
+
+    d = files["dir"]
+    argv = [
+        "fit",
+        d / "lin.onnx",
+        "--data",
+        d / "data.csv",
+        "--target",
+        "target",
+        "--out",
+        tmp_path / "o.onnx",
+    ]
+    code, _, err = _run(capsys, *argv, "--device", "cuda")
+    assert code == 2
+    assert 'pip install "ort-train-core[cuda]"' in err
+    monkeypatch.setattr(_runtime.C, "get_available_providers", lambda: ["CUDAExecutionProvider"])
+
+    def no_gpu(index: int) -> None:
+        raise CudaUnavailableError(f"device 'cuda:{index}': the NVIDIA driver sees no GPU")
+
+    monkeypatch.setattr(_cuda, "ensure_cuda", no_gpu)
+    code, _, err = _run(capsys, *argv, "--device", "cuda:1")
+    assert code == 2
+    assert "ort-train: error: device 'cuda:1': the NVIDIA driver sees no GPU" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "o.onnx").exists()
+
+
 def test_diverging_run_exits_1(files, tmp_path, capsys):
     d = files["dir"]
     code, _, err = _run(

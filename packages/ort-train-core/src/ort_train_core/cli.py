@@ -21,7 +21,7 @@ from onnx import ModelProto, helper
 
 from ._io import load_model
 from .checkpoint import CHECKPOINT_FILE, write_atomically
-from .exceptions import ConvergenceError
+from .exceptions import ConvergenceError, CudaUnavailableError
 from .graph import (
     add_loss_output,
     default_weights_to_train,
@@ -514,7 +514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConvergenceError as exc:
         print(f"ort-train: training failed: {exc}", file=sys.stderr)
         return EXIT_TRAINING_FAILED
-    except (ValueError, TypeError, OSError) as exc:
+    except (ValueError, TypeError, OSError, CudaUnavailableError) as exc:  # CUDA: the setup's fix
         print(f"ort-train: error: {_error_text(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except RuntimeError as exc:  # onnxruntime failed while training
