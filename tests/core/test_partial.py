@@ -175,6 +175,34 @@ def test_partial_equals_full_loop_and_numpy(kind: str, opt_key: str, loss_key: s
     np.testing.assert_allclose(partial.train_losses_, full.train_losses_, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("opt_key", list(OPTIMIZERS))
+def test_device_resident_path_matches_numpy(opt_key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The path CUDA takes (learning-rate scalars on the device, losses and penalties read once
+    per epoch), run on CPU: both loops still give numpy's weights and epoch losses, for
+    per-epoch scalars (SGD, Nesterov, invscaling) and per-step ones (Adam)."""
+    from ort_train_core import _data
+
+    monkeypatch.setattr(_data, "DEVICE_RESIDENT_KINDS", {"cpu", "cuda"})
+    model = make_model("mlp")
+    start = initializers(model)
+    X, y, _ = regression_data()
+    partial = partial_trainer(model, otc.SquareLearningLoss(), opt_key, True).fit(X, y)
+    penalty = {w: {"l1": PEN_L1, "l2": PEN_L2} for w in MATRICES["mlp"]}
+    full = otc.OrtGradientOptimizer(
+        otc.add_loss_output(model, "squared_error", penalty=penalty),
+        max_iter=N_EPOCHS,
+        batch_size=BATCH_SIZE,
+        learning_rate=OPTIMIZERS[opt_key][1](),
+        shuffle=False,
+    ).fit(X, y)
+    expected, expected_losses = numpy_fit(
+        "mlp", ref.Score("squared_error", {}), opt_key, ref_penalty("mlp", True), start, X, y
+    )
+    for trainer in (partial, full):
+        assert_weights(trainer.get_state(), expected, start)
+        np.testing.assert_allclose(trainer.train_losses_, expected_losses, rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize(
     ("kind", "loss_key", "opt_key", "weights_to_train"),
     [

@@ -70,8 +70,16 @@ class DoubleBufferedRunner:
         self.defer_losses = device_resident(device)
         n = len(store.bounds) if self.defer_losses else 0
         self.batch_losses = [DeviceArray.zeros((), dtype, device) for _ in range(n)]
+        # the learning rate's scalars: host values on CPU; device scalars where resident, so
+        # that a step does not copy them from pageable host memory (which waits for the
+        # stream) when they change once per epoch
         self.scalar_host = [np.zeros((), dtype=dtype) for _ in lr.scalar_names]
-        self.scalar_values = [host_ortvalue(a) for a in self.scalar_host]
+        self.scalar_device = [DeviceArray(a, device) for a in self.scalar_host] if self.defer_losses else []
+        self.scalar_values = (
+            [a.ortvalue for a in self.scalar_device]
+            if self.defer_losses
+            else [host_ortvalue(a) for a in self.scalar_host]
+        )
         self.per_step_scalars = lr.scalars_change_every_step
         self.parity = 0
         self.epoch = 0
@@ -110,6 +118,8 @@ class DoubleBufferedRunner:
     def _write_scalars(self) -> None:
         for host, value in zip(self.scalar_host, self.lr.scalar_values(self.epoch, self.n_steps + 1)):
             host[()] = value
+        for dev, host in zip(self.scalar_device, self.scalar_host):
+            dev.write(host)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
