@@ -183,18 +183,15 @@ def test_inspect_names_the_blocking_operator(files, capsys):
     assert "gradient graph: yes" in stdout
 
 
+def _fit_argv(files: dict[str, Any], out: Path) -> list[Any]:
+    """``fit`` of the zero-weight linear model on the standardised .csv, written to ``out``."""
+    d = files["dir"]
+    return ["fit", d / "lin.onnx", "--data", d / "data.csv", "--target", "target", "--out", out]
+
+
 def test_bad_input_exits_2_without_traceback(files, tmp_path, capsys):
     d = files["dir"]
-    base = [
-        "fit",
-        d / "lin.onnx",
-        "--data",
-        d / "data.csv",
-        "--target",
-        "target",
-        "--out",
-        tmp_path / "o.onnx",
-    ]
+    base = _fit_argv(files, tmp_path / "o.onnx")
     cases = {
         "missing model": ["fit", tmp_path / "nope.onnx", *base[2:]],
         "missing data": [*base[:3], tmp_path / "nope.csv", *base[4:]],
@@ -221,17 +218,7 @@ def test_cuda_that_cannot_run_exits_2_with_the_fix(files, tmp_path, capsys, monk
     """The CPU build (here), or a CUDA build without a GPU (faked): a setup problem, exit 2."""
     from ort_train_core import CudaUnavailableError, _cuda, _runtime
 
-    d = files["dir"]
-    argv = [
-        "fit",
-        d / "lin.onnx",
-        "--data",
-        d / "data.csv",
-        "--target",
-        "target",
-        "--out",
-        tmp_path / "o.onnx",
-    ]
+    argv = _fit_argv(files, tmp_path / "o.onnx")
     code, _, err = _run(capsys, *argv, "--device", "cuda")
     assert code == 2
     assert 'pip install "ort-train-core[cuda]"' in err

@@ -127,6 +127,17 @@ def partial_trainer(model: onnx.ModelProto, loss: Any, opt_key: str, penalized: 
     )
 
 
+def full_trainer(full_model: onnx.ModelProto, opt_key: str) -> otc.OrtGradientOptimizer:
+    """The full loop with the same schedule as :func:`partial_trainer`."""
+    return otc.OrtGradientOptimizer(
+        full_model,
+        max_iter=N_EPOCHS,
+        batch_size=BATCH_SIZE,
+        learning_rate=OPTIMIZERS[opt_key][1](),
+        shuffle=False,
+    )
+
+
 def assert_weights(got: dict[str, np.ndarray], expected: dict[str, np.ndarray], start=None) -> None:
     assert sorted(got) == sorted(expected)
     for name in expected:
@@ -152,13 +163,7 @@ def test_partial_equals_full_loop_and_numpy(kind: str, opt_key: str, loss_key: s
 
     penalty = {w: {"l1": PEN_L1, "l2": PEN_L2} for w in MATRICES[kind]} if penalized else None
     full_model = otc.add_loss_output(model, score_name, penalty=penalty, **score_kwargs)
-    full = otc.OrtGradientOptimizer(
-        full_model,
-        max_iter=N_EPOCHS,
-        batch_size=BATCH_SIZE,
-        learning_rate=OPTIMIZERS[opt_key][1](),
-        shuffle=False,
-    ).fit(X, y)
+    full = full_trainer(full_model, opt_key).fit(X, y)
 
     expected, expected_losses = numpy_fit(
         kind, ref.Score(score_name, score_kwargs), opt_key, ref_penalty(kind, penalized), start, X, y
@@ -188,13 +193,7 @@ def test_device_resident_path_matches_numpy(opt_key: str, monkeypatch: pytest.Mo
     X, y, _ = regression_data()
     partial = partial_trainer(model, otc.SquareLearningLoss(), opt_key, True).fit(X, y)
     penalty = {w: {"l1": PEN_L1, "l2": PEN_L2} for w in MATRICES["mlp"]}
-    full = otc.OrtGradientOptimizer(
-        otc.add_loss_output(model, "squared_error", penalty=penalty),
-        max_iter=N_EPOCHS,
-        batch_size=BATCH_SIZE,
-        learning_rate=OPTIMIZERS[opt_key][1](),
-        shuffle=False,
-    ).fit(X, y)
+    full = full_trainer(otc.add_loss_output(model, "squared_error", penalty=penalty), opt_key).fit(X, y)
     expected, expected_losses = numpy_fit(
         "mlp", ref.Score("squared_error", {}), opt_key, ref_penalty("mlp", True), start, X, y
     )
