@@ -330,6 +330,13 @@ def build_update_graph(
     return model, sig
 
 
+def cpu_gradient_rewrites(model: ModelProto, elem_type: int) -> ModelProto:
+    """The rewrites every CPU gradient graph gets (fused step, forward/backward, either batch
+    dimension): ReLU gradients (:func:`cpu_relu_grad`) and bias-gradient sums
+    (:func:`cpu_row_sums`), onnxruntime's slowest CPU kernels in those graphs."""
+    return cpu_row_sums(cpu_relu_grad(model, elem_type), elem_type)
+
+
 def cpu_relu_grad(model: ModelProto, elem_type: int) -> ModelProto:
     """Replaces com.microsoft ReluGrad(dY, X) with Mul(dY, Cast(Greater(X, 0))).
 

@@ -16,7 +16,7 @@ from onnx import ModelProto
 from ._binding import CachedBinding, make_session
 from ._data import BatchStore
 from ._fit_loop import TrainingState
-from ._gradient import FusedStepSignature, build_fused_step_graph, cpu_relu_grad, cpu_row_sums
+from ._gradient import FusedStepSignature, build_fused_step_graph, cpu_gradient_rewrites
 from ._loss_trainer import LossGraphTrainer
 from ._runner import MAX_PREBOUND_BATCHES, DoubleBufferedRunner, host_ortvalue
 from ._runtime import Device
@@ -60,7 +60,7 @@ def fused_step_graph(
     threads = None
     if device.kind == "cpu":
         elem_type = _loss_elem_type(graph, loss_name)
-        graph = cpu_row_sums(cpu_relu_grad(graph, elem_type), elem_type)
+        graph = cpu_gradient_rewrites(graph, elem_type)
         if batch * _n_values(graph, sig.weights) <= CPU_ONE_THREAD_MAX_WORK:
             threads = 1
     _FUSED_GRAPHS[key] = (graph, sig, threads)

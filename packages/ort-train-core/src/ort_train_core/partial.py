@@ -21,8 +21,7 @@ from ._gradient import (
     build_forward_backward,
     build_loss_gradient_graph,
     build_update_graph,
-    cpu_relu_grad,
-    cpu_row_sums,
+    cpu_gradient_rewrites,
 )
 from ._loss_trainer import LossGraphTrainer
 from ._runner import DoubleBufferedRunner, host_ortvalue
@@ -175,10 +174,7 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
             graphs = build_forward_backward(model, weights, [])
             if device.kind == "cpu":
                 inits = {i.name: i.data_type for i in self._model().graph.initializer}
-                elem_type = inits[weights[0]]
-                graphs.gradient_model = cpu_row_sums(
-                    cpu_relu_grad(graphs.gradient_model, elem_type), elem_type
-                )
+                graphs.gradient_model = cpu_gradient_rewrites(graphs.gradient_model, inits[weights[0]])
             sess = make_session(graphs.gradient_model, device)
             dev = device.ort_device
             agent = C.TrainingAgent(
