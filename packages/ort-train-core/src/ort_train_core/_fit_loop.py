@@ -312,7 +312,9 @@ class BaseOrtTrainer(ParamsMixin):
                             fill(i)
                         loss = step(i)
                         if not isfinite(loss):
-                            raise self._diverged(runner, snapshot, loss, epoch, i)
+                            raise self._rolled_back(
+                                runner, snapshot, _loss_diverged(loss, epoch, i), epoch, i
+                            )
                         losses[i] = loss
                         done += 1
                         if stop_requested():
@@ -321,7 +323,10 @@ class BaseOrtTrainer(ParamsMixin):
                         losses[:done] = runner.epoch_losses(done)
                         bad = np.flatnonzero(~np.isfinite(losses[:done]))
                         if bad.size:
-                            raise self._diverged(runner, snapshot, losses[bad[0]], epoch, int(bad[0]))
+                            i = int(bad[0])
+                            raise self._rolled_back(
+                                runner, snapshot, _loss_diverged(losses[i], epoch, i), epoch, i
+                            )
                     if done < n_batches:  # Ctrl-C: keep the steps taken, record no epoch
                         interrupted = True
                         if ckpt is not None:  # the last epoch end, so that resume is exact
@@ -332,14 +337,14 @@ class BaseOrtTrainer(ParamsMixin):
                     # epoch's last step would then hand back inf weights without an error
                     candidate = runner.snapshot()
                     if not _all_finite(candidate):
-                        runner.restore(snapshot)
-                        self._state = snapshot
-                        raise ConvergenceError(
+                        raise self._rolled_back(
+                            runner,
+                            snapshot,
                             f"the weights became infinite or NaN at epoch {epoch + 1} (a gradient "
                             "overflowed while the loss stayed finite): weights were restored to the end "
                             "of the last complete epoch; lower the learning rate or scale the data",
-                            epoch=epoch,
-                            batch=n_batches - 1,
+                            epoch,
+                            n_batches - 1,
                         )
                     self.n_iter_ += 1
                     logs = {"train_loss": float(np.dot(losses, totals) / totals.sum())}
@@ -348,13 +353,13 @@ class BaseOrtTrainer(ParamsMixin):
                         logs["validation_loss"] = runner.validation_loss()
                         self.validation_losses_.append(logs["validation_loss"])
                     if not math.isfinite(logs.get("validation_loss", 0.0)):
-                        runner.restore(snapshot)
-                        self._state = snapshot
-                        raise ConvergenceError(
+                        raise self._rolled_back(
+                            runner,
+                            snapshot,
                             f"the validation loss became {logs['validation_loss']} at epoch {epoch + 1}; "
                             "weights were restored to the end of the previous epoch",
-                            epoch=epoch,
-                            batch=n_batches - 1,
+                            epoch,
+                            n_batches - 1,
                         )
                     # callbacks see this epoch's weights through get_state()
                     snapshot = candidate
@@ -393,19 +398,14 @@ class BaseOrtTrainer(ParamsMixin):
                 stacklevel=4,
             )
 
-    def _diverged(
-        self, runner: StepRunner, snapshot: TrainingState, loss: float, epoch: int, batch: int
+    def _rolled_back(
+        self, runner: StepRunner, snapshot: TrainingState, message: str, epoch: int, batch: int
     ) -> ConvergenceError:
-        """Rolls back to ``snapshot`` and returns the error to raise."""
+        """Every divergence: restores ``snapshot`` (the last complete epoch) on the device and
+        as the trainer's state, and returns the error to raise."""
         runner.restore(snapshot)
         self._state = snapshot
-        return ConvergenceError(
-            f"the training loss became {loss} at epoch {epoch + 1}, batch {batch + 1}: "
-            "weights were restored to the end of the last complete epoch; lower "
-            "the learning rate or scale the data",
-            epoch=epoch,
-            batch=batch,
-        )
+        return ConvergenceError(message, epoch=epoch, batch=batch)
 
     # ---- state -----------------------------------------------------------------------
     def _current_state(self) -> TrainingState:
@@ -554,6 +554,14 @@ class BaseOrtTrainer(ParamsMixin):
 
 
 _BIT_GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")
+
+
+def _loss_diverged(loss: float, epoch: int, batch: int) -> str:
+    return (
+        f"the training loss became {loss} at epoch {epoch + 1}, batch {batch + 1}: "
+        "weights were restored to the end of the last complete epoch; lower "
+        "the learning rate or scale the data"
+    )
 
 
 def _replay(early: EarlyStopping, trainer: BaseOrtTrainer) -> bool:
