@@ -144,11 +144,17 @@ class LossGraphTrainer(BaseOrtTrainer):
         return model
 
     def _fingerprint(self) -> str:
+        """Hashed once per graph (each checkpoint written would otherwise serialize it again)."""
         weights, *_ = self._names()
-        model = self._graph_cache.get(("trainable", tuple(weights)))
-        if model is None:
-            model = initializers_to_inputs(self._model(), weights)
-        return model_fingerprint(model)
+        key = ("fingerprint", tuple(weights))
+        cache = self._graph_cache
+        if key not in cache:
+            model = cache.get(("trainable", tuple(weights)))
+            if model is None:
+                model = initializers_to_inputs(self._model(), weights)
+            cache[key] = model_fingerprint(model)
+        fingerprint: str = cache[key]
+        return fingerprint
 
     def _evaluator(self, device: Device) -> Any:
         key = ("eval", str(device))

@@ -42,8 +42,6 @@ def write_checkpoint(
 ) -> None:
     """Writes ``arrays`` and the JSON-serializable ``meta`` to ``path`` atomically."""
     path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
     document = {"format": FORMAT, "format_version": FORMAT_VERSION, **meta}
     payload = {k: np.asarray(v, order="C") for k, v in arrays.items()}
     payload["meta"] = np.frombuffer(json.dumps(document).encode("utf-8"), dtype=np.uint8)
