@@ -1,12 +1,15 @@
 """What the three hypothesis robustness suites (core, sklearn, torch) share: one settings
-profile, and the per-kind count of outcomes each writes as JSON to ``$ROBUSTNESS_REPORT``."""
+profile, the per-kind count of outcomes each writes as JSON to ``$ROBUSTNESS_REPORT``, and the
+check that a drawn case was refused or accepted as it must be."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -45,3 +48,16 @@ def outcome_report(name: str, outcomes: Outcomes) -> Callable[[], Iterator[None]
                 json.dump({k: dict(v) for k, v in sorted(outcomes.items())}, f, indent=1, sort_keys=True)
 
     return _report_outcomes
+
+
+def raised_as_expected(case: Any, error: BaseException | None) -> bool:
+    """Asserts that a drawn ``case`` (``kind``, ``error``: the exception type(s) it must raise or
+    None, ``match``: a regex of the message) got the outcome it must: the expected error with a
+    matching message, or acceptance. Returns whether an error was raised."""
+    if error is not None:
+        assert case.error is not None, f"{case.kind}: unexpected {type(error).__name__}: {error}"
+        assert isinstance(error, case.error), f"{case.kind}: {type(error).__name__}: {error}"
+        assert re.search(case.match, str(error)), f"{case.kind}: message {str(error)!r} !~ {case.match!r}"
+        return True
+    assert case.error is None, f"{case.kind}: accepted, expected {case.error} ({case.match})"
+    return False
