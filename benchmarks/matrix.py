@@ -456,6 +456,36 @@ def _torch_loss(case: Case) -> Any:
     return torch.nn.functional.mse_loss
 
 
+def _torch_batches(case: Case, dev: Any) -> list[tuple[Any, Any]]:
+    """The case's batches as torch tensors on ``dev``, sliced once (views)."""
+    import torch
+
+    Xt, yt = torch.from_numpy(case.X).to(dev), torch.from_numpy(case.y).to(dev)
+    return [(Xt[s:e], yt[s:e]) for s, e in case.bounds]
+
+
+def _torch_sgd(
+    case: Case, model: Any, batches: list[tuple[Any, Any]], loss_fn: Any
+) -> tuple[float, list[float]]:
+    """The timed loop of both torch routes: torch.optim.SGD over the batches for the case's
+    epochs, ``loss.item()`` each step; (seconds, epoch losses)."""
+    import torch
+
+    losses = np.empty(len(batches), dtype=np.float64)
+    history: list[float] = []
+    t = time.perf_counter()
+    opt = torch.optim.SGD(model.parameters(), lr=case.lr, momentum=0.0)
+    for _ in range(case.epochs):
+        for i, (xb, yb) in enumerate(batches):
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(xb), yb)
+            loss.backward()
+            opt.step()
+            losses[i] = loss.item()
+        history.append(epoch_mean(losses, case.bounds))
+    return time.perf_counter() - t, history
+
+
 def route_ort_torch(case: Case) -> Route:
     try:
         import torch
@@ -471,9 +501,7 @@ def route_ort_torch(case: Case) -> Route:
     init = {f"coef{k}": W for k, (W, _) in enumerate(case.weights)}
     init.update({f"bias{k}": b for k, (_, b) in enumerate(case.weights)})
     params = {onnx_name: getattr(module, attr) for attr, onnx_name in module.onnx_names.items()}
-    Xt, yt = torch.from_numpy(case.X).to(dev), torch.from_numpy(case.y).to(dev)
-    batches = [(Xt[s:e], yt[s:e]) for s, e in case.bounds]
-    losses = np.empty(len(batches), dtype=np.float64)
+    batches = _torch_batches(case, dev)
     history: list[float] = []
     loss_fn = _torch_loss(case)
 
@@ -481,19 +509,8 @@ def route_ort_torch(case: Case) -> Route:
         with torch.no_grad():
             for name, p in params.items():
                 p.copy_(torch.from_numpy(init[name]))
-        history.clear()
         module.train()
-        t = time.perf_counter()
-        opt = torch.optim.SGD(module.parameters(), lr=case.lr, momentum=0.0)
-        for _ in range(case.epochs):
-            for i, (xb, yb) in enumerate(batches):
-                opt.zero_grad(set_to_none=True)
-                loss = loss_fn(module(xb), yb)
-                loss.backward()
-                opt.step()
-                losses[i] = loss.item()
-            history.append(epoch_mean(losses, case.bounds))
-        seconds = time.perf_counter() - t
+        seconds, history[:] = _torch_sgd(case, module, batches, loss_fn)
         return seconds
 
     def finish() -> dict[str, Any]:
@@ -665,9 +682,7 @@ def route_torch(case: Case) -> Route:
         raise Skip(f"torch is not installed ({exc})") from exc
     dev = _torch_device(case)
     torch.set_num_threads(case.threads)
-    Xt, yt = torch.from_numpy(case.X).to(dev), torch.from_numpy(case.y).to(dev)
-    batches = [(Xt[s:e], yt[s:e]) for s, e in case.bounds]
-    losses = np.empty(len(batches), dtype=np.float64)
+    batches = _torch_batches(case, dev)
     holder: dict[str, Any] = {}
     loss_fn = _torch_loss(case)
 
@@ -686,18 +701,7 @@ def route_torch(case: Case) -> Route:
 
     def run() -> float:
         model = build()
-        history = []
-        t = time.perf_counter()
-        opt = torch.optim.SGD(model.parameters(), lr=case.lr, momentum=0.0)
-        for _ in range(case.epochs):
-            for i, (xb, yb) in enumerate(batches):
-                opt.zero_grad(set_to_none=True)
-                loss = loss_fn(model(xb), yb)
-                loss.backward()
-                opt.step()
-                losses[i] = loss.item()
-            history.append(epoch_mean(losses, case.bounds))
-        seconds = time.perf_counter() - t
+        seconds, history = _torch_sgd(case, model, batches, loss_fn)
         holder["model"], holder["history"] = model, history
         return seconds
 
