@@ -189,6 +189,34 @@ def test_zero_gradient_for_an_output_given_as_none() -> None:
         np.testing.assert_allclose(got.numpy(), exp_w[name], rtol=TOL, atol=TOL, err_msg=name)
 
 
+def test_a_bool_output_takes_no_gradient() -> None:
+    """Y = X @ W and M = Y > 0: onnxruntime's backward has no gradient input for M, so the one
+    given for it (None or an array) is not fed; W's gradient is X^T dY (numpy)."""
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((4, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["Y"]), helper.make_node("Greater", ["Y", "zero"], ["M"])],
+        "bool_out",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 4])],
+        [
+            helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 3]),
+            helper.make_tensor_value_info("M", TensorProto.BOOL, ["N", 3]),
+        ],
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.array(0.0, np.float32), "zero")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION)
+    fb = OrtGradientForwardBackward(model, ["W"])
+    assert fb.graphs.non_differentiable_outputs == {1}
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    dy = rng.standard_normal((5, 3)).astype(np.float32)
+    for grad_m in (None, np.ones((5, 3), dtype=np.float32)):
+        y, m = (o.numpy() for o in fb.forward([x]))
+        np.testing.assert_allclose(y, x @ w, rtol=TOL, atol=TOL)
+        np.testing.assert_array_equal(m, x @ w > 0)
+        (dw,) = fb.backward([dy, grad_m])
+        np.testing.assert_allclose(dw.numpy(), x.T @ dy, rtol=TOL, atol=TOL)
+
+
 def test_two_pending_forwards_backward_in_reverse_order() -> None:
     """The layer used twice in one model: the second call's backward runs first."""
     pytest.importorskip("torch")

@@ -265,6 +265,54 @@ def test_a_second_backward_through_one_forward_is_refused():
 
 
 # ---- zero copy ---------------------------------------------------------------------------------
+def test_a_bool_output_comes_back_as_bool_and_the_float_output_trains():
+    """Y = X @ W and M = Y > 0: M crosses DLPack as uint8 and must come back as torch.bool,
+    non-differentiable, in training and in eval; W's gradient is torch autograd's."""
+    w = np.random.default_rng(3).standard_normal((4, 3)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["X", "W"], ["Y"]),
+            helper.make_node("Greater", ["Y", "zero"], ["M"]),
+        ],
+        "bool_out",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 4])],
+        [
+            helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 3]),
+            helper.make_tensor_value_info("M", TensorProto.BOOL, ["N", 3]),
+        ],
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.array(0.0, np.float32), "zero")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    module = OnnxModule(model, weights_to_train=["W"])  # "zero" reaches M only
+    x = torch.randn(5, 4)
+    ref_w = torch.from_numpy(w).requires_grad_(True)
+    ref_y = x @ ref_w
+    for mode in ("train", "eval"):
+        getattr(module, mode)()
+        y, m = module(x)
+        assert m.dtype == torch.bool
+        assert not m.requires_grad
+        torch.testing.assert_close(m, ref_y.detach() > 0)
+    module.train()
+    y, m = module(x)
+    (y * 2).sum().backward()
+    (ref_y * 2).sum().backward()
+    torch.testing.assert_close(module.W.grad, ref_w.grad, atol=ATOL, rtol=1e-5)
+
+
+def test_create_graph_gives_first_order_gradients_and_refuses_a_second_order():
+    """onnxruntime's gradients carry no graph: with create_graph=True the first-order gradients
+    are still torch's, and differentiating them again raises instead of giving zeros."""
+    net = torch_mlp([4, 3], seed=23)
+    module = OnnxModule(onnx_from_torch_mlp(net))
+    x = torch.randn(6, 4)
+    (grad,) = torch.autograd.grad(module(x).pow(2).sum(), module.W0, create_graph=True)
+    (ref,) = torch.autograd.grad(net(x).pow(2).sum(), net[0].weight)
+    torch.testing.assert_close(grad, ref.T, atol=ATOL, rtol=1e-5)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        grad.sum().backward()
+
+
 def test_tensors_cross_without_copies(monkeypatch):
     t = torch.randn(10, 4)
     ov = ortvalue_from_tensor(t)
@@ -274,13 +322,19 @@ def test_tensors_cross_without_copies(monkeypatch):
     net = torch_mlp([4, 3], seed=18)
     module = OnnxModule(onnx_from_torch_mlp(net))
     seen: list[list[int]] = []
-    original = ort_train_core.OrtGradientForwardBackward.forward
+    cls = ort_train_core.OrtGradientForwardBackward
+    original, original_training = cls.forward, cls.run_forward
 
-    def spy(self, inputs, training=True, weights=None):
+    def spy(self, inputs, training=True, weights=None):  # inference
         seen.append([v.data_ptr() for v in (*inputs, *(weights or []))])
         return original(self, inputs, training, weights)
 
-    monkeypatch.setattr(ort_train_core.OrtGradientForwardBackward, "forward", spy)
+    def spy_training(self, feeds, keep):  # training: inputs then weights
+        seen.append([v.data_ptr() for v in feeds])
+        return original_training(self, feeds, keep)
+
+    monkeypatch.setattr(cls, "forward", spy)
+    monkeypatch.setattr(cls, "run_forward", spy_training)
     module(t).sum().backward()
     with torch.no_grad():
         module(t)

@@ -191,6 +191,9 @@ class ForwardBackwardGraphs:
     weights: list[str]
     input_grad_names: list[str]
     fetch_names: list[str]
+    #: indices of the outputs without a gradient (bool, integer, or not reached by any weight or
+    #: input requiring a gradient): the backward takes no gradient for them
+    non_differentiable_outputs: frozenset[int] = frozenset()
 
 
 def build_forward_backward(
@@ -223,6 +226,7 @@ def build_forward_backward(
         weights=list(weights),
         input_grad_names=input_grads,
         fetch_names=[o.name for o in grad_model.graph.output],
+        non_differentiable_outputs=frozenset(info.output_grad_indices_non_differentiable),
     )
 
 

@@ -183,6 +183,15 @@ class OrtGradientForwardBackward:
         feeds = self._feeds(inputs, weights, keep)
         if not training:
             return self._infer(feeds)
+        out, pending = self.run_forward(feeds, keep)
+        self._pending.append(pending)
+        return [out[i] for i in range(len(out))]
+
+    def run_forward(self, feeds: Sequence[Any], keep: list[Any]) -> tuple[Any, PendingForward]:
+        """The training forward on ready OrtValues (inputs, then weights): the raw
+        ``OrtValueVector`` of outputs (a caller converts them all in one call, e.g.
+        ``to_dlpacks``) and the state for :meth:`run_backward`; ``keep`` holds what onnxruntime
+        may still read."""
         vin = C.OrtValueVector()
         vin.reserve(len(feeds))
         for ov in feeds:
@@ -190,10 +199,8 @@ class OrtGradientForwardBackward:
         out = C.OrtValueVector()
         state = C.PartialGraphExecutionState()
         self._agent.run_forward(vin, out, state, None)
-        outputs = [out[i] for i in range(len(out))]
         keep.append(vin)
-        self._pending.append(PendingForward(state, keep, [tuple(o.shape()) for o in outputs]))
-        return outputs
+        return out, PendingForward(state, keep, [tuple(out[i].shape()) for i in range(len(out))])
 
     def _infer(self, feeds: list[Any]) -> list[Any]:
         if self._inference is None:
@@ -222,11 +229,26 @@ class OrtGradientForwardBackward:
                 f"backward needs one gradient per output ({len(self.output_names)}), got {len(grad_outputs)}"
             )
         keep: list[Any] = []
+        skip = self.graphs.non_differentiable_outputs
+        values = [
+            None
+            if k in skip
+            else to_ortvalue(np.zeros(shape, dtype=np.float32) if g is None else g, self.device, keep)
+            for k, (g, shape) in enumerate(zip(grad_outputs, pending.output_shapes))
+        ]
+        out = self.run_backward(values, pending)
+        return [out[i] for i in range(len(out))]
+
+    def run_backward(self, grad_values: Sequence[Any], pending: PendingForward) -> Any:
+        """The backward of ``pending`` on ready OrtValues, one per output (those of outputs
+        without a gradient, ``graphs.non_differentiable_outputs``, are ignored and may be
+        None): the raw ``OrtValueVector`` of gradients (inputs requiring one, then weights)."""
+        skip = self.graphs.non_differentiable_outputs
         vin = C.OrtValueVector()
-        for g, shape in zip(grad_outputs, pending.output_shapes):
-            if g is None:
-                g = np.zeros(shape, dtype=np.float32)
-            vin.push_back(to_ortvalue(g, self.device, keep))
+        vin.reserve(len(grad_values))
+        for k, ov in enumerate(grad_values):
+            if k not in skip:
+                vin.push_back(ov)
         out = C.OrtValueVector()
         self._agent.run_backward(vin, out, pending.state)
-        return [out[i] for i in range(len(out))]
+        return out

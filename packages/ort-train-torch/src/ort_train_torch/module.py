@@ -23,7 +23,6 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 
 from ort_train_core import OrtGradientForwardBackward, load_model
 from ort_train_core._runtime import C
-from ort_train_core.forward_backward import PendingForward
 from ort_train_core.graph import initializer_values, inputs_to_initializers, normalise_model
 
 #: ONNX element types and the torch dtypes that carry them
@@ -78,6 +77,19 @@ def wait_for_torch(device: torch.device) -> None:
     """
     if device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()
+
+
+#: torch's C-level DLPack import (torch.utils.dlpack.from_dlpack adds Python checks per tensor)
+_from_dlpack: Callable[[Any], torch.Tensor] = torch._C._from_dlpack
+
+
+def tensors_from_ortvalues(values: Any) -> list[torch.Tensor]:
+    """Torch tensors over every OrtValue of an ``OrtValueVector`` (no copy), converted in one
+    onnxruntime call instead of one Python round trip per value."""
+    tensors: list[torch.Tensor] = values.to_dlpacks(_from_dlpack)
+    for k in values.bool_tensor_indices():  # bool crosses DLPack as uint8
+        tensors[k] = tensors[k].to(torch.bool)
+    return tensors
 
 
 def tensor_from_ortvalue(value: Any) -> torch.Tensor:
@@ -141,48 +153,59 @@ class _OnnxFunction(torch.autograd.Function):
         """``args``: the inputs then the parameters (autograd tracks them); ``weight_values``:
         the parameters as OrtValues, made by the module."""
         n_inputs = len(needs_grad)
-        if args:
+        if args and args[0].is_cuda:
             wait_for_torch(args[0].device)
+        keep: list[Any] = []
         feeds = [ortvalue_from_tensor(t) for t in args[:n_inputs]]
-        outputs = fb.forward(feeds, training=True, weights=weight_values)
-        pending = fb.pop_pending()
-        results = tuple(tensor_from_ortvalue(o) for o in outputs)
+        feeds.extend(weight_values)
+        out, pending = fb.run_forward(feeds, keep)
+        results = tuple(tensors_from_ortvalues(out))
         c: Any = ctx
-        c.fb, c.pending, c.needs_grad = fb, pending, needs_grad
-        c.output_meta = [(r.shape, r.dtype, r.device) for r in results]
+        c.state = (fb, pending, needs_grad, [(r.shape, r.dtype, r.device) for r in results])
         frozen = [r for r in results if not r.is_floating_point()]
         if frozen:
             ctx.mark_non_differentiable(*frozen)
         return results
 
     @staticmethod
-    @once_differentiable
     def backward(ctx: FunctionCtx, *grad_outputs: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-        c: Any = ctx
-        fb: OrtGradientForwardBackward = c.fb
-        pending: PendingForward | None = c.pending
-        if pending is None:
-            raise RuntimeError(
-                "OnnxModule: backward ran twice through the same forward; onnxruntime frees its "
-                "state after one backward (retain_graph is not supported)"
-            )
-        c.pending = None
-        grads = []
-        for g, (shape, dtype, device) in zip(grad_outputs, c.output_meta):
-            if g is None or not dtype.is_floating_point:
-                g = torch.zeros(
-                    shape, dtype=dtype if dtype.is_floating_point else torch.float32, device=device
-                )
-            grads.append(ortvalue_from_tensor(g))
-        if c.output_meta:
-            wait_for_torch(c.output_meta[0][2])
-        results = [tensor_from_ortvalue(v) for v in fb.backward(grads, pending)]
-        n_input_grads = len(fb.input_names_requiring_grad)
-        input_grads = iter(results[:n_input_grads])
-        out: list[torch.Tensor | None] = [None, None, None]
-        out.extend(next(input_grads) if needed else None for needed in c.needs_grad)
-        out.extend(results[n_input_grads:])
-        return tuple(out)
+        if torch.is_grad_enabled():
+            # create_graph=True: onnxruntime's gradients have no graph of their own, so their
+            # results must refuse a second differentiation instead of giving wrong zeros
+            return _backward_once_differentiable(ctx, *grad_outputs)
+        return _backward(ctx, *grad_outputs)
+
+
+def _backward(ctx: FunctionCtx, *grad_outputs: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    c: Any = ctx
+    fb, pending, needs_grad, output_meta = c.state
+    if pending is None:
+        raise RuntimeError(
+            "OnnxModule: backward ran twice through the same forward; onnxruntime frees its "
+            "state after one backward (retain_graph is not supported)"
+        )
+    c.state = (fb, None, needs_grad, output_meta)
+    skip = fb.graphs.non_differentiable_outputs
+    grads: list[Any] = []
+    for k, (g, (shape, dtype, device)) in enumerate(zip(grad_outputs, output_meta)):
+        if k in skip:
+            grads.append(None)
+            continue
+        if g is None or not dtype.is_floating_point:
+            g = torch.zeros(shape, dtype=dtype if dtype.is_floating_point else torch.float32, device=device)
+        grads.append(ortvalue_from_tensor(g))
+    if output_meta and output_meta[0][2].type == "cuda":
+        wait_for_torch(output_meta[0][2])
+    results = tensors_from_ortvalues(fb.run_backward(grads, pending))
+    n_input_grads = len(fb.input_names_requiring_grad)
+    input_grads = iter(results[:n_input_grads])
+    out: list[torch.Tensor | None] = [None, None, None]
+    out.extend(next(input_grads) if needed else None for needed in needs_grad)
+    out.extend(results[n_input_grads:])
+    return tuple(out)
+
+
+_backward_once_differentiable = once_differentiable(_backward)
 
 
 class OnnxModule(nn.Module):
