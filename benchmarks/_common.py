@@ -220,6 +220,34 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t, result
 
 
+def torch_sgd_loop(
+    model: Any,
+    batches: Sequence[tuple[Any, Any]],
+    loss_fn: Callable[[Any, Any], Any],
+    lr: float,
+    epochs: int,
+    losses: np.ndarray,
+    after_epoch: Callable[[], None] | None = None,
+) -> float:
+    """The timed loop of every torch peer: ``torch.optim.SGD`` (no momentum) over the batches,
+    ``loss.item()`` into ``losses[i]`` each step, ``after_epoch`` at each epoch's end (inside the
+    timing, as it is part of the route's work); returns the seconds."""
+    import torch
+
+    t = time.perf_counter()
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.0)
+    for _ in range(epochs):
+        for i, (xb, yb) in enumerate(batches):
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(xb), yb)
+            loss.backward()
+            opt.step()
+            losses[i] = loss.item()
+        if after_epoch is not None:
+            after_epoch()
+    return time.perf_counter() - t
+
+
 def round_robin(runs: Mapping[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
     """``repeats`` rounds, each calling every run once in order; each run returns its own timed
     seconds (so that it can leave its preparation out). A busy moment of a shared machine then

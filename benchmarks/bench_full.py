@@ -67,7 +67,7 @@ from typing import Any
 
 import numpy as np
 
-from _common import fmt, machine_info, mlp_onnx
+from _common import fmt, machine_info, mlp_onnx, torch_sgd_loop
 
 N_FEATURES = 10
 HIDDEN = 10
@@ -428,17 +428,8 @@ def route_torch(case: dict[str, Any], threads: int) -> Route:
 
     def run() -> float:
         model = build()
-        t = time.perf_counter()
-        opt = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=0.0)
         loss_fn = torch.nn.MSELoss(reduction="mean")
-        for _ in range(epochs):
-            for i, (xb, yb) in enumerate(batches):
-                opt.zero_grad(set_to_none=True)
-                loss = loss_fn(model(xb), yb)
-                loss.backward()
-                opt.step()
-                losses[i] = loss.item()
-        seconds = time.perf_counter() - t
+        seconds = torch_sgd_loop(model, batches, loss_fn, LEARNING_RATE, epochs, losses)
         holder["model"] = model
         return seconds
 

@@ -469,21 +469,18 @@ def _torch_sgd(
 ) -> tuple[float, list[float]]:
     """The timed loop of both torch routes: torch.optim.SGD over the batches for the case's
     epochs, ``loss.item()`` each step; (seconds, epoch losses)."""
-    import torch
-
     losses = np.empty(len(batches), dtype=np.float64)
     history: list[float] = []
-    t = time.perf_counter()
-    opt = torch.optim.SGD(model.parameters(), lr=case.lr, momentum=0.0)
-    for _ in range(case.epochs):
-        for i, (xb, yb) in enumerate(batches):
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(xb), yb)
-            loss.backward()
-            opt.step()
-            losses[i] = loss.item()
-        history.append(epoch_mean(losses, case.bounds))
-    return time.perf_counter() - t, history
+    seconds = common.torch_sgd_loop(
+        model,
+        batches,
+        loss_fn,
+        case.lr,
+        case.epochs,
+        losses,
+        after_epoch=lambda: history.append(epoch_mean(losses, case.bounds)),
+    )
+    return seconds, history
 
 
 def route_ort_torch(case: Case) -> Route:
