@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from ort_train_core._binding import make_session
-from ort_train_core._gradient import cpu_row_sums, fold_static_shapes
+from ort_train_core._gradient import cpu_relu_grad, cpu_row_sums, fold_static_shapes
 from ort_train_core._runtime import parse_device
 
 
@@ -132,3 +132,32 @@ def test_row_sums_left_alone_without_a_known_shape_or_for_one_column():
     to read its size from."""
     for model in (_row_sum_model("N", 0, 1), _row_sum_model("", 0, 4)):
         assert cpu_row_sums(model, TensorProto.FLOAT) is model
+
+
+@pytest.mark.parametrize(
+    ("elem_type", "dtype"), [(TensorProto.FLOAT, np.float32), (TensorProto.DOUBLE, np.float64)]
+)
+def test_relu_gradient_rewrite_masks_exactly_where_numpy_does(elem_type, dtype):
+    """ReluGrad(dY, X) is dY where X > 0, else 0: for X of both signs, exact zeros, +-0.0,
+    subnormal positives (mask 1) and large values, whatever the rewrite's arithmetic."""
+    graph = helper.make_graph(
+        [helper.make_node("ReluGrad", ["dY", "X"], ["dX"], domain="com.microsoft")],
+        "relugrad",
+        [helper.make_tensor_value_info(n, elem_type, ["N", 5]) for n in ("dY", "X")],
+        [helper.make_tensor_value_info("dX", elem_type, ["N", 5])],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    )
+    model.ir_version = 8
+    rewritten = cpu_relu_grad(model, elem_type)
+    assert "ReluGrad" not in [n.op_type for n in rewritten.graph.node]
+    tiny = np.finfo(dtype).smallest_subnormal
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(40, 5)).astype(dtype)
+    X[0] = [0.0, -0.0, tiny, -tiny, np.finfo(dtype).max]
+    X[1] = [1.0, 1.5, 0.5, -1.0, -np.finfo(dtype).max]
+    dY = rng.normal(size=(40, 5)).astype(dtype)
+    session = make_session(rewritten, parse_device("cpu"))
+    (dX,) = session.run(["dX"], {"dY": dY, "X": X}, None)
+    np.testing.assert_array_equal(dX, np.where(X > 0, dY, 0).astype(dtype))
