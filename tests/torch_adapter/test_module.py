@@ -375,6 +375,117 @@ def test_a_graph_without_gradient_is_refused():
         OnnxModule(model)
 
 
+def test_coefficients_in_attributes_leave_nothing_to_train_and_say_so():
+    """skl2onnx's default LinearRegression graph: the coefficients are attributes of ai.onnx.ml
+    LinearRegressor, so no initializer becomes a parameter; the module refuses at construction
+    (naming the operator and the conversion that fixes it) instead of giving outputs that torch
+    later finds without a gradient."""
+    node = helper.make_node(
+        "LinearRegressor", ["X"], ["out"], domain="ai.onnx.ml", coefficients=[1.0, 2.0, 3.0], intercepts=[0.5]
+    )
+    graph = helper.make_graph(
+        [node],
+        "ml",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 1])],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 8
+    with pytest.raises(
+        GraphNotDifferentiableError, match=r"no parameter to train.*LinearRegressor.*black_op"
+    ):
+        OnnxModule(model)
+
+
+def _batchnorm_net_and_graph() -> tuple[nn.Sequential, onnx.ModelProto]:
+    """Linear -> BatchNorm1d -> ReLU -> Linear, and the same as ONNX with a second, bool output
+    M = Y > thr (a float initializer used only by the comparison)."""
+    torch.manual_seed(3)
+    net = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 2))
+    with torch.no_grad():
+        net[1].weight.uniform_(0.5, 2.0)
+        net[1].bias.normal_()
+        net[1].running_mean.normal_()
+        net[1].running_var.uniform_(0.5, 2.0)
+    bn = net[1]
+    values = {
+        "W0": net[0].weight.detach().T,
+        "b0": net[0].bias.detach(),
+        "scale": bn.weight.detach(),
+        "shift": bn.bias.detach(),
+        "running_mean": bn.running_mean.detach(),
+        "running_var": bn.running_var.detach(),
+        "W1": net[3].weight.detach().T,
+        "b1": net[3].bias.detach(),
+        "thr": torch.tensor(0.25),
+    }
+    nodes = [
+        helper.make_node("MatMul", ["X", "W0"], ["m0"]),
+        helper.make_node("Add", ["m0", "b0"], ["z0"]),
+        helper.make_node(
+            "BatchNormalization",
+            ["z0", "scale", "shift", "running_mean", "running_var"],
+            ["n0"],
+            epsilon=bn.eps,
+        ),
+        helper.make_node("Relu", ["n0"], ["a0"]),
+        helper.make_node("MatMul", ["a0", "W1"], ["m1"]),
+        helper.make_node("Add", ["m1", "b1"], ["Y"]),
+        helper.make_node("Greater", ["Y", "thr"], ["M"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "bn",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 4])],
+        [
+            helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 2]),
+            helper.make_tensor_value_info("M", TensorProto.BOOL, ["N", 2]),
+        ],
+        [numpy_helper.from_array(v.numpy().copy(), k) for k, v in values.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return net, model
+
+
+def test_batchnorm_statistics_and_a_threshold_are_not_parameters():
+    """By default the parameters are the initializers with a gradient: not BatchNormalization's
+    running statistics (onnxruntime gives them none) nor a threshold compared with. In train
+    mode the batch is normalised with its own statistics and the gradients match torch's
+    BatchNorm1d in train mode; in eval mode the running statistics, as torch's."""
+    net, model = _batchnorm_net_and_graph()
+    module = OnnxModule(model)
+    assert list(module.onnx_names.values()) == ["W0", "b0", "scale", "shift", "W1", "b1"]
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(12, 4, generator=gen)
+    target = torch.randn(12, 2, generator=gen)
+    module.eval()
+    net.eval()
+    with torch.no_grad():
+        y, m = module(x)
+        torch.testing.assert_close(y, net(x), atol=ATOL, rtol=1e-5)
+        torch.testing.assert_close(m, net(x) > 0.25)
+    module.train()
+    net.train()
+    y, m = module(x)
+    torch.testing.assert_close(y, net(x), atol=ATOL, rtol=1e-5)
+    assert m.dtype == torch.bool
+    assert not m.requires_grad
+    nn.functional.mse_loss(y, target).backward()
+    nn.functional.mse_loss(net(x), target).backward()
+    expected = {
+        "W0": net[0].weight.grad.T,
+        "b0": net[0].bias.grad,
+        "scale": net[1].weight.grad,
+        "shift": net[1].bias.grad,
+        "W1": net[3].weight.grad.T,
+        "b1": net[3].bias.grad,
+    }
+    for name, grad in expected.items():
+        torch.testing.assert_close(getattr(module, name).grad, grad, atol=ATOL, rtol=1e-4, msg=name)
+
+
 def test_import_without_the_training_build_says_how_to_install_it():
     code = textwrap.dedent(
         """

@@ -7,7 +7,7 @@ ONNX must slot in by implementing :class:`GradientBackend` without touching the 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -18,7 +18,7 @@ from onnx import ModelProto, helper, numpy_helper
 from ._builder import NodeBuilder
 from ._runtime import C
 from .exceptions import GraphNotDifferentiableError
-from .graph import MAX_IR_VERSION, MIN_OPSET, all_names, check_differentiable
+from .graph import MAX_IR_VERSION, MIN_OPSET, all_names, check_differentiable, value_types
 from .learning_rate import BaseLearningRate
 from .losses import BaseLearningLoss, BaseLearningPenalty
 
@@ -196,13 +196,43 @@ class ForwardBackwardGraphs:
     non_differentiable_outputs: frozenset[int] = frozenset()
 
 
+#: how onnxruntime-training 1.19 says that a trained initializer gets no gradient
+_NO_GRADIENT_MESSAGES = (
+    re.compile(r"Cannot compute the partial derivative for '([^']+)'"),
+    re.compile(r"failed to find NodeArg by name: (\S+)_grad\b"),
+)
+
+
+def _build_error(exc: Exception, weights: Sequence[str]) -> GraphNotDifferentiableError:
+    """onnxruntime's build failure as a GraphNotDifferentiableError; one that comes down to a
+    weight without gradient names it (``.weight``) and the fix."""
+    message = str(exc)
+    for pattern in _NO_GRADIENT_MESSAGES:
+        found = pattern.search(message)
+        if found and found.group(1) in weights:
+            weight = found.group(1)
+            return GraphNotDifferentiableError(
+                f"onnxruntime gives weight {weight!r} no gradient: it reaches the outputs only through "
+                "inputs onnxruntime does not differentiate (a BatchNormalization's statistics, a Clip's "
+                "bounds, a comparison); leave it out of weights_to_train",
+                weight=weight,
+            )
+    first = message.splitlines()[0] if message else type(exc).__name__
+    return GraphNotDifferentiableError(f"onnxruntime could not build the forward/backward graphs: {first}")
+
+
 def build_forward_backward(
-    model: ModelProto, weights: Sequence[str], inputs_requiring_grad: Sequence[str]
+    model: ModelProto,
+    weights: Sequence[str],
+    inputs_requiring_grad: Sequence[str],
+    types: Mapping[str, int] | None = None,
 ) -> ForwardBackwardGraphs:
-    """onnxruntime-training's OrtModuleGraphBuilder; the weight order is the caller's."""
+    """onnxruntime-training's OrtModuleGraphBuilder; the weight order is the caller's.
+    ``types``: :func:`graph.value_types` of ``model``, when the caller has them."""
     outputs = [o.name for o in model.graph.output]
+    types = value_types(model) if types is None else types
     for out in outputs:
-        check_differentiable(model, weights, out)
+        check_differentiable(model, weights, out, types)
     cfg = C.OrtModuleGraphBuilderConfiguration()
     cfg.initializer_names = list(weights)
     cfg.initializer_names_to_train = list(weights)
@@ -212,9 +242,7 @@ def build_forward_backward(
         builder.initialize(model.SerializeToString(), cfg)
         builder.build(C.TrainingGraphTransformerConfiguration())
     except Exception as exc:
-        raise GraphNotDifferentiableError(
-            f"onnxruntime could not build the forward/backward graphs: {str(exc).splitlines()[0]}"
-        ) from exc
+        raise _build_error(exc, weights) from exc
     info = builder.get_graph_info()
     grad_model = onnx.load_from_string(builder.get_gradient_model())
     grad_model.ir_version = min(grad_model.ir_version, MAX_IR_VERSION)

@@ -32,7 +32,14 @@ class ConvergenceWarning(UserWarning):
 
 
 class GraphNotDifferentiableError(ValueError):
-    """The gradient graph cannot be built: an operator on the path to the loss has no gradient."""
+    """The gradient graph cannot be built: an operator on the path to the loss has no gradient.
+
+    ``weight``: the trained initializer onnxruntime gives no gradient, when that is the cause.
+    """
+
+    def __init__(self, message: str, weight: str | None = None) -> None:
+        super().__init__(message)
+        self.weight = weight
 
 
 class CudaUnavailableError(RuntimeError):

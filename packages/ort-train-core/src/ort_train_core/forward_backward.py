@@ -13,14 +13,17 @@ from onnx import ModelProto
 from ._binding import DeviceArray, make_session
 from ._gradient import ForwardBackwardGraphs, build_forward_backward, cpu_gradient_rewrites
 from ._runtime import C, Device, parse_device
+from .exceptions import GraphNotDifferentiableError
 from .graph import (
     ancestors,
     check_weights,
     default_weights_to_train,
+    differentiable_ancestors,
     float_initializers,
     initializer_values,
     initializers_to_inputs,
     normalise_model,
+    value_types,
 )
 
 
@@ -73,17 +76,23 @@ class OrtGradientForwardBackward:
         self.device = parse_device(device)
         model = normalise_model(model_onnx)
         outputs = [o.name for o in model.graph.output]
+        types = value_types(model)
         if weights_to_train is None:
             deps: set[str] = set()
             for out in outputs:
-                deps.update(default_weights_to_train(model, out))
+                deps.update(default_weights_to_train(model, out, types))
             weights = [w for w in float_initializers(model) if w in deps]
         else:
             weights = list(weights_to_train)
-            # each weight must be a float initializer that some output depends on
+            # each weight must be a float initializer that some output depends on (through
+            # float values: a weight reaching them only through a comparison has no gradient)
             for w in weights:
-                reaching = [o for o in outputs if w in ancestors(model, [o])[0]]
-                check_weights(model, [w], reaching[0] if reaching else outputs[0])
+                reaching = (
+                    [o for o in outputs if w in differentiable_ancestors(model, [o], types)[0]]
+                    or [o for o in outputs if w in ancestors(model, [o])[0]]
+                    or outputs
+                )
+                check_weights(model, [w], reaching[0], types)
             if len(set(weights)) != len(weights):
                 raise ValueError(f"weights_to_train has duplicates: {weights}")
         inits = {i.name for i in model.graph.initializer}
@@ -92,13 +101,21 @@ class OrtGradientForwardBackward:
         unknown = [n for n in requiring if n not in inputs]
         if unknown:
             raise ValueError(f"input_names_requiring_grad names {unknown}, not inputs of the graph {inputs}")
+        graph = initializers_to_inputs(model, [])
+        while True:
+            try:
+                self.graphs: ForwardBackwardGraphs = build_forward_backward(graph, weights, requiring, types)
+                break
+            except GraphNotDifferentiableError as exc:
+                # by default, a float initializer onnxruntime finds no gradient for (an input of
+                # an operator it does not differentiate there) is a constant, not a weight
+                if weights_to_train is not None or exc.weight not in weights:
+                    raise
+                weights.remove(exc.weight)
         self.weights_to_train = weights
         self.input_names_requiring_grad = requiring
         self._model = model
         self._trainable = initializers_to_inputs(model, weights)
-        self.graphs: ForwardBackwardGraphs = build_forward_backward(
-            initializers_to_inputs(model, []), weights, requiring
-        )
         if self.device.kind == "cpu" and weights:
             # ReluGrad's CPU kernel: 500-650 us on 1000 x 100 against about 65 for the rewrite;
             # the bias gradients' ReduceSum: about 65 us against 15

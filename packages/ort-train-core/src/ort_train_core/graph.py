@@ -259,6 +259,87 @@ def ancestors(model: ModelProto, outputs: Iterable[str]) -> tuple[set[str], set[
     return seen, nodes
 
 
+#: float inputs onnxruntime-training's gradient builder gives no gradient: statistics, bounds,
+#: scales (training one fails with "failed to find NodeArg by name: <name>_grad")
+NO_GRADIENT_INPUTS: dict[str, frozenset[int]] = {
+    "BatchNormalization": frozenset({3, 4}),
+    "Clip": frozenset({1, 2}),
+    "Dropout": frozenset({1}),
+    "Pad": frozenset({2}),
+    "Resize": frozenset({1, 2}),
+    "Upsample": frozenset({1}),
+}
+
+
+def value_types(model: ModelProto) -> dict[str, int]:
+    """The element type of every tensor value onnx declares or infers; values it cannot type
+    (operators of domains it has no schema for) are left out.
+
+    Inference runs on a copy without the initializers' data (their types and shapes stay as
+    graph inputs): a model zoo graph's weights need not be serialised for it."""
+    g = model.graph
+    light = ModelProto()
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    light.graph.node.extend(g.node)
+    light.graph.input.extend(g.input)
+    light.graph.output.extend(g.output)
+    light.graph.value_info.extend(g.value_info)
+    declared = {i.name for i in g.input}
+    light.graph.input.extend(
+        helper.make_tensor_value_info(i.name, i.data_type, list(i.dims))
+        for i in g.initializer
+        if i.name not in declared
+    )
+    try:
+        inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False).graph
+    except Exception:  # a graph onnx cannot infer: what it declares
+        inferred = light.graph
+    types = {i.name: i.data_type for i in g.initializer}
+    for vi in [*inferred.input, *inferred.value_info, *inferred.output]:
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+            types.setdefault(vi.name, vi.type.tensor_type.elem_type)
+    return types
+
+
+def differentiable_ancestors(
+    model: ModelProto, outputs: Iterable[str], types: Mapping[str, int] | None = None
+) -> tuple[set[str], set[int]]:
+    """Like :func:`ancestors`, along float values only: no gradient flows through an integer
+    or bool value (ArgMax's indices, Greater's mask, a Shape), so a float initializer that
+    reaches the outputs only through one (the threshold of a label, a classifier's classes) has
+    none, and the operators past it (ai.onnx.ml's ArrayFeatureExtractor on a label path) need
+    no gradient. Nor does it flow into the inputs of :data:`NO_GRADIENT_INPUTS` (a
+    BatchNormalization's running mean). A value of unknown type counts as float. ``types``:
+    :func:`value_types`."""
+    known = value_types(model) if types is None else types
+
+    def carries_gradient(name: str) -> bool:
+        return bool(name) and known.get(name, TensorProto.FLOAT) in FLOAT_TYPES
+
+    producers = _producers(model)
+    seen: set[str] = set()
+    nodes: set[int] = set()
+    stack = [o for o in outputs if carries_gradient(o)]
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        idx = producers.get(name)
+        if idx is None or idx in nodes:
+            continue
+        nodes.add(idx)
+        node = model.graph.node[idx]
+        skip = NO_GRADIENT_INPUTS.get(node.op_type, frozenset()) if node.domain in ("", "ai.onnx") else ()
+        stack.extend(i for k, i in enumerate(node.input) if k not in skip and carries_gradient(i))
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                stack.extend(i for i in _outer_names(attr.g) if carries_gradient(i))
+    return seen, nodes
+
+
 def _outer_names(graph: onnx.GraphProto) -> list[str]:
     names: list[str] = []
     for node in graph.node:
@@ -272,8 +353,9 @@ def float_initializers(model: ModelProto) -> dict[str, onnx.TensorProto]:
 
 def nothing_to_train_error(model: ModelProto, output: str) -> ValueError:
     """The error for an ``output`` that depends on no float initializer. Operators of other
-    domains (ai.onnx.ml's LinearRegressor...) hold their coefficients in attributes: name them."""
-    _, needed = ancestors(model, [output])
+    domains (ai.onnx.ml's LinearRegressor...) hold their coefficients in attributes: name them
+    (those on its float paths: the ArrayFeatureExtractor of a label path is not in the way)."""
+    _, needed = differentiable_ancestors(model, [output])
     blocking = [
         node
         for i, node in enumerate(model.graph.node)
@@ -284,20 +366,25 @@ def nothing_to_train_error(model: ModelProto, output: str) -> ValueError:
     return ValueError(f"output {output!r} depends on no float initializer: there is nothing to train")
 
 
-def default_weights_to_train(model: ModelProto, loss_name: str) -> list[str]:
-    """The float initializers the loss depends on, in the graph's initializer order."""
-    deps, _ = ancestors(model, [loss_name])
+def default_weights_to_train(
+    model: ModelProto, loss_name: str, types: Mapping[str, int] | None = None
+) -> list[str]:
+    """The float initializers the loss depends on through float values (those with a
+    gradient: :func:`differentiable_ancestors`), in the graph's initializer order."""
+    deps, _ = differentiable_ancestors(model, [loss_name], types)
     return [name for name in float_initializers(model) if name in deps]
 
 
-def check_weights(model: ModelProto, weights: Sequence[str], output: str) -> None:
-    """Every name is a float initializer that ``output`` depends on."""
+def check_weights(
+    model: ModelProto, weights: Sequence[str], output: str, types: Mapping[str, int] | None = None
+) -> None:
+    """Every name is a float initializer that ``output`` depends on through float values."""
     if isinstance(weights, str):
         raise TypeError(f"weights_to_train must be a list of names, not the string {weights!r}")
     if len(set(weights)) != len(weights):
         raise ValueError(f"weights_to_train has duplicates: {list(weights)}")
     inits = {i.name: i for i in model.graph.initializer}
-    deps, _ = ancestors(model, [output])
+    deps, _ = differentiable_ancestors(model, [output], types)
     for name in weights:
         if name not in inits:
             raise ValueError(
@@ -306,13 +393,23 @@ def check_weights(model: ModelProto, weights: Sequence[str], output: str) -> Non
         if inits[name].data_type not in FLOAT_TYPES:
             kind = TensorProto.DataType.Name(inits[name].data_type)
             raise ValueError(f"weight {name!r} is a {kind} tensor; only float tensors can be trained")
-        if name not in deps:
-            raise ValueError(f"output {output!r} does not depend on weight {name!r}: it has no gradient")
+        if name in deps:
+            continue
+        if name in ancestors(model, [output])[0]:
+            raise ValueError(
+                f"output {output!r} depends on weight {name!r} only through values without a gradient "
+                "(integer or bool values such as a comparison's, a BatchNormalization's statistics, a "
+                "Clip's bounds): it has no gradient; leave it out of weights_to_train"
+            )
+        raise ValueError(f"output {output!r} does not depend on weight {name!r}: it has no gradient")
 
 
-def check_differentiable(model: ModelProto, weights: Sequence[str], output: str) -> None:
-    """Raises naming each operator between the weights and ``output`` that has no gradient."""
-    _, needed = ancestors(model, [output])
+def check_differentiable(
+    model: ModelProto, weights: Sequence[str], output: str, types: Mapping[str, int] | None = None
+) -> None:
+    """Raises naming each operator between the weights and ``output`` that has no gradient
+    (on a path of float values: one past an integer or bool value needs none)."""
+    _, needed = differentiable_ancestors(model, [output], types)
     # values that depend on a weight
     reached = set(weights)
     blocking = []

@@ -23,7 +23,13 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 
 from ort_train_core import OrtGradientForwardBackward, load_model
 from ort_train_core._runtime import C
-from ort_train_core.graph import initializer_values, inputs_to_initializers, normalise_model
+from ort_train_core.exceptions import GraphNotDifferentiableError
+from ort_train_core.graph import (
+    initializer_values,
+    inputs_to_initializers,
+    normalise_model,
+    nothing_to_train_error,
+)
 
 #: ONNX element types and the torch dtypes that carry them
 _TORCH_DTYPES: dict[int, torch.dtype] = {
@@ -211,9 +217,12 @@ _backward_once_differentiable = once_differentiable(_backward)
 class OnnxModule(nn.Module):
     """An ONNX graph as a ``torch.nn.Module``.
 
-    The float initializers the outputs depend on (or ``weights_to_train``) become
-    ``nn.Parameter``s; their attribute names are the ONNX names made valid Python identifiers
-    (``onnx_names`` maps them back). ``forward(*tensors)`` takes the graph's inputs in order and
+    The float initializers the outputs depend on with a gradient (or ``weights_to_train``)
+    become ``nn.Parameter``s: not a threshold a comparison reads, nor a BatchNormalization's
+    running statistics, which stay constants of the graph. As torch's BatchNorm, the training
+    forward normalises with the batch's statistics and eval() with the running ones; unlike
+    it, the running statistics are not updated. The attribute names are the ONNX names made
+    valid Python identifiers (``onnx_names`` maps them back). ``forward(*tensors)`` takes the graph's inputs in order and
     returns its output, or a tuple when the graph has several.
 
     With gradients enabled, in training mode, and some input or parameter requiring one, the
@@ -237,6 +246,13 @@ class OnnxModule(nn.Module):
         self.input_names: list[str] = list(probe.input_names)
         self.output_names: list[str] = list(probe.output_names)
         weights = list(probe.weights_to_train)
+        if not weights and weights_to_train is None:
+            # a graph whose coefficients sit in attributes (ai.onnx.ml's LinearClassifier) would
+            # give a module with nothing to train and outputs without a gradient: say why now
+            for out in self.output_names:
+                error = nothing_to_train_error(model, out)
+                if isinstance(error, GraphNotDifferentiableError):
+                    raise GraphNotDifferentiableError(f"OnnxModule: no parameter to train; {error}")
         graph_inputs = {i.name: i for i in model.graph.input}
         self._input_dtypes = [
             _TORCH_DTYPES.get(graph_inputs[n].type.tensor_type.elem_type) for n in self.input_names
