@@ -222,8 +222,8 @@ class OnnxModule(nn.Module):
     running statistics, which stay constants of the graph. As torch's BatchNorm, the training
     forward normalises with the batch's statistics and eval() with the running ones; unlike
     it, the running statistics are not updated. The attribute names are the ONNX names made
-    valid Python identifiers (``onnx_names`` maps them back). ``forward(*tensors)`` takes the graph's inputs in order and
-    returns its output, or a tuple when the graph has several.
+    valid Python identifiers (``onnx_names`` maps them back). ``forward(*tensors)`` takes the
+    graph's inputs in order and returns its output, or a tuple when the graph has several.
 
     With gradients enabled, in training mode, and some input or parameter requiring one, the
     forward keeps onnxruntime's state for the backward, which returns gradients for the inputs
