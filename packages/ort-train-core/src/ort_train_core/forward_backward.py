@@ -34,7 +34,12 @@ class PendingForward:
 
     state: Any
     keep: list[Any]
-    output_shapes: list[tuple[int, ...]]
+    outputs: Any  # the forward's OrtValueVector
+
+    @property
+    def output_shapes(self) -> list[tuple[int, ...]]:
+        """Read on demand: only a backward given None for an output needs them."""
+        return [tuple(self.outputs[i].shape()) for i in range(len(self.outputs))]
 
 
 def to_ortvalue(value: Any, device: Device, keep: list[Any]) -> Any:
@@ -217,7 +222,7 @@ class OrtGradientForwardBackward:
         state = C.PartialGraphExecutionState()
         self._agent.run_forward(vin, out, state, None)
         keep.append(vin)
-        return out, PendingForward(state, keep, [tuple(out[i].shape()) for i in range(len(out))])
+        return out, PendingForward(state, keep, out)
 
     def _infer(self, feeds: list[Any]) -> list[Any]:
         if self._inference is None:

@@ -204,6 +204,8 @@ def _backward(ctx: FunctionCtx, *grad_outputs: torch.Tensor | None) -> tuple[tor
         wait_for_torch(output_meta[0][2])
     results = tensors_from_ortvalues(fb.run_backward(grads, pending))
     n_input_grads = len(fb.input_names_requiring_grad)
+    if not n_input_grads:  # a first layer: only the parameters get gradients
+        return (None,) * (3 + len(needs_grad)) + tuple(results)
     input_grads = iter(results[:n_input_grads])
     out: list[torch.Tensor | None] = [None, None, None]
     out.extend(next(input_grads) if needed else None for needed in needs_grad)
@@ -311,7 +313,7 @@ class OnnxModule(nn.Module):
         OrtValue keeps its storage alive, so a new tensor cannot reuse that address."""
         values = []
         for attr, p in zip(self.onnx_names, self._params() if params is None else params):
-            key = (p.data_ptr(), tuple(p.shape), p.dtype, p.device)
+            key = (p.data_ptr(), p.shape, p.dtype, p.device)
             cached = self._weight_values.get(attr)
             if cached is None or cached[0] != key:
                 cached = (key, ortvalue_from_tensor(p))
@@ -342,7 +344,7 @@ class OnnxModule(nn.Module):
             shapes = getattr(self, "_input_shapes", None)  # None: unpickled from an older version
             shape = shapes[k] if shapes is not None else None
             if shape is not None and (
-                t.dim() != len(shape) or any(d is not None and d != n for d, n in zip(shape, t.shape))
+                t.dim() != len(shape) or [n for d, n in zip(shape, t.shape) if d is not None and d != n]
             ):
                 want = ", ".join("?" if d is None else str(d) for d in shape)
                 raise ValueError(
@@ -353,11 +355,11 @@ class OnnxModule(nn.Module):
         params = self._params()
         device = params[0].device if params else (inputs[0].device if inputs else torch.device("cpu"))
         self._check_inputs(inputs, device)
-        needs_grad = tuple(bool(t.requires_grad) and t.is_floating_point() for t in inputs)
+        needs_grad = tuple([t.requires_grad and t.is_floating_point() for t in inputs])
         training = (
             torch.is_grad_enabled()
             and self.training
-            and (any(needs_grad) or any(p.requires_grad for p in params))
+            and (True in needs_grad or True in [p.requires_grad for p in params])
         )
         if training:
             for k, t in enumerate(inputs):
@@ -367,7 +369,7 @@ class OnnxModule(nn.Module):
                         "cannot differentiate an empty batch; skip it, or run it in eval() mode or "
                         "under torch.no_grad()"
                     )
-            requiring = tuple(n for n, needed in zip(self.input_names, needs_grad) if needed)
+            requiring = tuple([n for n, needed in zip(self.input_names, needs_grad) if needed])
             fb = self._forward_backward(device, requiring)
             outputs: tuple[torch.Tensor, ...] = _OnnxFunction.apply(  # type: ignore[no-untyped-call]
                 fb, needs_grad, self._parameter_values(params), *inputs, *params
