@@ -83,17 +83,15 @@ class OrtGradientForwardBackward:
         outputs = [o.name for o in model.graph.output]
         types = value_types(model)
         if weights_to_train is None:
-            deps: set[str] = set()
-            for out in outputs:
-                deps.update(default_weights_to_train(model, out, types))
-            weights = [w for w in float_initializers(model) if w in deps]
+            weights = default_weights_to_train(model, outputs, types)
         else:
             weights = list(weights_to_train)
             # each weight must be a float initializer that some output depends on (through
             # float values: a weight reaching them only through a comparison has no gradient)
+            with_gradient = {o: differentiable_ancestors(model, [o], types)[0] for o in outputs}
             for w in weights:
                 reaching = (
-                    [o for o in outputs if w in differentiable_ancestors(model, [o], types)[0]]
+                    [o for o in outputs if w in with_gradient[o]]
                     or [o for o in outputs if w in ancestors(model, [o])[0]]
                     or outputs
                 )

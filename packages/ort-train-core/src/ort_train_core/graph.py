@@ -4,7 +4,7 @@ and the IR/opset normalisation that onnxruntime 1.19 needs. No session is create
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -238,10 +238,21 @@ def _producers(model: ModelProto) -> dict[str, int]:
 
 def ancestors(model: ModelProto, outputs: Iterable[str]) -> tuple[set[str], set[int]]:
     """Names and node indices the given outputs depend on (subgraph inputs included)."""
+    return _walk_back(model, outputs, lambda node, k, name: bool(name))
+
+
+def _walk_back(
+    model: ModelProto,
+    outputs: Iterable[str],
+    follow: Callable[[onnx.NodeProto | None, int | None, str], bool],
+) -> tuple[set[str], set[int]]:
+    """The names and node indices reached walking back from ``outputs`` along the edges
+    ``follow(node, input index, name)`` accepts (node None for an output, index None for a
+    name a subgraph reads from the outer scope)."""
     producers = _producers(model)
     seen: set[str] = set()
     nodes: set[int] = set()
-    stack = list(outputs)
+    stack = [o for o in outputs if follow(None, None, o)]
     while stack:
         name = stack.pop()
         if name in seen:
@@ -252,10 +263,10 @@ def ancestors(model: ModelProto, outputs: Iterable[str]) -> tuple[set[str], set[
             continue
         nodes.add(idx)
         node = model.graph.node[idx]
-        stack.extend(i for i in node.input if i)
+        stack.extend(i for k, i in enumerate(node.input) if follow(node, k, i))
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.GRAPH:
-                stack.extend(_outer_names(attr.g))
+                stack.extend(i for i in _outer_names(attr.g) if follow(node, None, i))
     return seen, nodes
 
 
@@ -315,29 +326,14 @@ def differentiable_ancestors(
     :func:`value_types`."""
     known = value_types(model) if types is None else types
 
-    def carries_gradient(name: str) -> bool:
-        return bool(name) and known.get(name, TensorProto.FLOAT) in FLOAT_TYPES
+    def carries_gradient(node: onnx.NodeProto | None, k: int | None, name: str) -> bool:
+        if not name or known.get(name, TensorProto.FLOAT) not in FLOAT_TYPES:
+            return False
+        if node is None or k is None or node.domain not in ("", "ai.onnx"):
+            return True
+        return k not in NO_GRADIENT_INPUTS.get(node.op_type, ())
 
-    producers = _producers(model)
-    seen: set[str] = set()
-    nodes: set[int] = set()
-    stack = [o for o in outputs if carries_gradient(o)]
-    while stack:
-        name = stack.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        idx = producers.get(name)
-        if idx is None or idx in nodes:
-            continue
-        nodes.add(idx)
-        node = model.graph.node[idx]
-        skip = NO_GRADIENT_INPUTS.get(node.op_type, frozenset()) if node.domain in ("", "ai.onnx") else ()
-        stack.extend(i for k, i in enumerate(node.input) if k not in skip and carries_gradient(i))
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                stack.extend(i for i in _outer_names(attr.g) if carries_gradient(i))
-    return seen, nodes
+    return _walk_back(model, outputs, carries_gradient)
 
 
 def _outer_names(graph: onnx.GraphProto) -> list[str]:
@@ -367,11 +363,13 @@ def nothing_to_train_error(model: ModelProto, output: str) -> ValueError:
 
 
 def default_weights_to_train(
-    model: ModelProto, loss_name: str, types: Mapping[str, int] | None = None
+    model: ModelProto, loss_name: str | Iterable[str], types: Mapping[str, int] | None = None
 ) -> list[str]:
-    """The float initializers the loss depends on through float values (those with a
-    gradient: :func:`differentiable_ancestors`), in the graph's initializer order."""
-    deps, _ = differentiable_ancestors(model, [loss_name], types)
+    """The float initializers the loss (or any of several outputs) depends on through float
+    values (those with a gradient: :func:`differentiable_ancestors`), in the graph's
+    initializer order."""
+    names = [loss_name] if isinstance(loss_name, str) else loss_name
+    deps, _ = differentiable_ancestors(model, names, types)
     return [name for name in float_initializers(model) if name in deps]
 
 
