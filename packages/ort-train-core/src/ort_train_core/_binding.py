@@ -7,6 +7,7 @@ it alive, so every OrtValue made here is stored beside the array it views.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections import OrderedDict
 from typing import Any
 
@@ -106,6 +107,25 @@ _SESSIONS: OrderedDict[tuple[bytes, str, int | None, bool], Any] = OrderedDict()
 MAX_CACHED_SESSIONS = 32
 
 
+_MISSING_KERNEL = re.compile(r"Could not find an implementation for (\w+)\((\d+)\) node with name '([^']*)'")
+_MISSING_KERNEL_FIX = (
+    "onnxruntime-training 1.19.2 has kernels for float32 for every operator it trains, but not "
+    "for every other type (float64 lacks Erf, Cos, ...): convert the graph and the data to "
+    "float32, or replace the operator"
+)
+
+
+def _missing_kernel(message: str) -> str | None:
+    """onnxruntime's "Could not find an implementation" as "no kernel for operator X (node N)"."""
+    found = _MISSING_KERNEL.search(message)
+    if found is None:
+        return None
+    op, _, node = found.groups()
+    op = re.sub(r"_\d+$", "", op)  # onnxruntime's internal names such as SoftmaxGrad_13
+    where = f" (node {node!r})" if node else ""
+    return f"onnxruntime has no kernel for operator {op}{where} with the graph's element types"
+
+
 def make_session(
     model: ModelProto, device: Device, threads: int | None = None, reuse_memory: bool = True
 ) -> Any:
@@ -129,7 +149,13 @@ def make_session(
     sess = C.InferenceSession(so, data, False, False)
     providers = [p if isinstance(p, str) else p[0] for p in device.providers]
     options = [{} if isinstance(p, str) else p[1] for p in device.providers]
-    sess.initialize_session(providers, options, set())
+    try:
+        sess.initialize_session(providers, options, set())
+    except Exception as exc:
+        missing = _missing_kernel(str(exc))
+        if missing is None:
+            raise
+        raise TypeError(f"{missing} on {device}; {_MISSING_KERNEL_FIX}") from exc
     _SESSIONS[key] = sess
     if len(_SESSIONS) > MAX_CACHED_SESSIONS:
         _SESSIONS.popitem(last=False)

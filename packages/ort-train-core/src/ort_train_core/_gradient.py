@@ -34,11 +34,12 @@ class OrtGradientGraphBuilderBackend:
 
     def gradient_graph(self, model: ModelProto, loss_name: str, names: Sequence[str]) -> ModelProto:
         check_differentiable(model, names, loss_name)
+        seeded, seed = _float_loss_seed(model, loss_name)
         so = C.SessionOptions()
         so.log_severity_level = 3
         try:
             builder = C.GradientGraphBuilder(
-                model.SerializeToString(), {loss_name}, set(names), loss_name, so
+                seeded.SerializeToString(), {loss_name, seed}, set(names), seed, so
             )
             builder.build()
         except Exception as exc:  # onnxruntime raises RuntimeError/Fail with C++ context
@@ -52,7 +53,36 @@ class OrtGradientGraphBuilderBackend:
             ) from exc
         out = onnx.load_from_string(builder.get_model())
         out.ir_version = min(out.ir_version, MAX_IR_VERSION)
-        return fold_static_shapes(out)
+        if seed != loss_name:
+            kept = [o for o in out.graph.output if o.name != seed]
+            del out.graph.output[:]
+            out.graph.output.extend(kept)
+        loss_type = next(o.type.tensor_type.elem_type for o in model.graph.output if o.name == loss_name)
+        return fold_static_shapes(double_gradient_rewrites(out, loss_type))
+
+
+def _float_loss_seed(model: ModelProto, loss_name: str) -> tuple[ModelProto, str]:
+    """``model`` and the name of the loss the gradient builder starts from.
+
+    onnxruntime-training 1.19 seeds the gradient of the loss with a float tensor whatever the
+    loss type, so a double loss fails to build ("Type (tensor(double)) of output arg
+    (<loss>_grad) does not match expected type (tensor(float))"). A double (or half) loss gets
+    a float copy, ``Cast(loss, float)``, to start from: the seed is 1 and the gradient of a Cast
+    is a Cast back, so every gradient stays in the loss's own type, exactly.
+    """
+    loss_type = next(
+        (o.type.tensor_type.elem_type for o in model.graph.output if o.name == loss_name),
+        onnx.TensorProto.FLOAT,
+    )
+    if loss_type == onnx.TensorProto.FLOAT:
+        return model, loss_name
+    out = ModelProto()
+    out.CopyFrom(model)
+    b = NodeBuilder(onnx.TensorProto.FLOAT, 17, all_names(out), prefix="seed_")
+    seed = b.cast(loss_name, hint=f"{loss_name}_float")
+    out.graph.node.extend(b.nodes)
+    out.graph.output.append(helper.make_tensor_value_info(seed, onnx.TensorProto.FLOAT, []))
+    return out, seed
 
 
 DEFAULT_BACKEND: GradientBackend = OrtGradientGraphBuilderBackend()
@@ -246,6 +276,8 @@ def build_forward_backward(
     info = builder.get_graph_info()
     grad_model = onnx.load_from_string(builder.get_gradient_model())
     grad_model.ir_version = min(grad_model.ir_version, MAX_IR_VERSION)
+    if weights:
+        grad_model = double_gradient_rewrites(grad_model, types.get(weights[0], onnx.TensorProto.FLOAT))
     input_grads = [n for n in info.user_input_names if n in info.user_input_grad_names]
     return ForwardBackwardGraphs(
         gradient_model=grad_model,
@@ -490,4 +522,53 @@ def cpu_row_sums(model: ModelProto, elem_type: int) -> ModelProto:
         nodes[k] = helper.make_node("MatMul", matmul, list(node.output), name=b.name("n_MatMul"))
     del out.graph.node[:]
     out.graph.node.extend([*b.nodes, *nodes])  # b.nodes: the ones (from graph inputs only), first
+    return out
+
+
+def double_gradient_rewrites(model: ModelProto, elem_type: int) -> ModelProto:
+    """In a double gradient graph, the com.microsoft gradient operators onnxruntime-training 1.19
+    has no double CPU kernel for, written with standard operators (same math):
+
+    - ``SoftmaxGrad_13(dY, Y)``: ``Y * (dY - ReduceSum(dY * Y, axis))``;
+    - ``LogSoftmaxGrad_13(dY, Y)``: ``dY - Exp(Y) * ReduceSum(dY, axis)``;
+    - ``LeakyReluGrad(dY, Y)``: ``Where(Y > 0, dY, alpha * dY)``.
+
+    Float graphs keep onnxruntime's kernels. Operators without a double kernel at all (``Erf``,
+    ``Cos``) are named by :func:`_binding.make_session` when the session is created.
+    """
+    wanted = {"SoftmaxGrad_13", "LogSoftmaxGrad_13", "LeakyReluGrad"}
+    if elem_type != onnx.TensorProto.DOUBLE or not any(
+        n.domain == "com.microsoft" and n.op_type in wanted for n in model.graph.node
+    ):
+        return model
+    out = ModelProto()
+    out.CopyFrom(model)
+    opset = next((o.version for o in out.opset_import if o.domain in ("", "ai.onnx")), 17)
+    b = NodeBuilder(elem_type, opset, all_names(out), prefix="f64grad_")
+    nodes: list[onnx.NodeProto] = []
+    for node in out.graph.node:
+        if node.domain != "com.microsoft" or node.op_type not in wanted:
+            nodes.append(node)
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        dy, y = node.input[0], node.input[1]
+        b.nodes = []
+        if node.op_type == "SoftmaxGrad_13":
+            axis = int(attrs.get("axis", -1))
+            dot = b.reduce("ReduceSum", b.op("Mul", [dy, y], "dy_y"), [axis], 1, "dy_y_sum")
+            result = ("Mul", [y, b.op("Sub", [dy, dot], "centred")])
+        elif node.op_type == "LogSoftmaxGrad_13":
+            axis = int(attrs.get("axis", -1))
+            total = b.reduce("ReduceSum", dy, [axis], 1, "dy_sum")
+            result = ("Sub", [dy, b.op("Mul", [b.op("Exp", [y], "softmax"), total], "spread")])
+        else:
+            alpha = b.const(float(attrs.get("alpha", 0.01)), "alpha")
+            positive = b.op("Greater", [y, b.const(0.0, "zero")], "positive")
+            result = ("Where", [positive, dy, b.op("Mul", [dy, alpha], "dy_alpha")])
+        b.nodes.append(
+            helper.make_node(result[0], result[1], [node.output[0]], name=b.name(f"n_{node.op_type}"))
+        )
+        nodes.extend(b.nodes)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
     return out

@@ -406,7 +406,10 @@ def check_differentiable(
     model: ModelProto, weights: Sequence[str], output: str, types: Mapping[str, int] | None = None
 ) -> None:
     """Raises naming each operator between the weights and ``output`` that has no gradient
-    (on a path of float values: one past an integer or bool value needs none)."""
+    (on a path of float values: one past an integer or bool value needs none), and refuses
+    16-bit float weights (TypeError)."""
+    types = value_types(model) if types is None else types
+    check_precision(weights, types)
     _, needed = differentiable_ancestors(model, [output], types)
     # values that depend on a weight
     reached = set(weights)
@@ -419,6 +422,25 @@ def check_differentiable(
             blocking.append(node)
     if blocking:
         raise GraphNotDifferentiableError(_blocking_message(blocking))
+
+
+#: element types the trainers update in place; 16-bit floats would need mixed precision (float32
+#: master weights and loss scaling), which ort-train does not do yet
+_HALF_TYPES: dict[int, str] = {TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16"}
+
+
+def check_precision(weights: Sequence[str], types: Mapping[str, int]) -> None:
+    """Refuses 16-bit float weights: plain SGD in float16 loses small updates to rounding and
+    onnxruntime-training has half gradient kernels for few operators."""
+    half = {w: _HALF_TYPES[types[w]] for w in weights if types.get(w) in _HALF_TYPES}
+    if half:
+        listed = ", ".join(f"{w!r} ({kind})" for w, kind in half.items())
+        raise TypeError(
+            f"weights {listed} are 16-bit floats: ort-train trains float32 and float64 graphs only "
+            "(mixed precision is not supported yet); convert the graph to float32 (for example "
+            "onnxconverter_common.float16.convert_float16_to_float32 or a float32 export), "
+            "train it, then convert the trained graph back to float16"
+        )
 
 
 def _blocking_message(nodes: Sequence[onnx.NodeProto]) -> str:

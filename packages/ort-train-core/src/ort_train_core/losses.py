@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from onnx import TensorProto
 
 from ._builder import NodeBuilder
@@ -99,9 +100,15 @@ def _float_label_like(b: NodeBuilder, label: str, pred_shape: list[int | None]) 
 
 
 def _one_hot(b: NodeBuilder, label: str, n_cols: int) -> str:
-    values = b.const([0.0, 1.0], "onehot_values")
     depth = b.int_const([n_cols], "depth")
-    return b.op("OneHot", [label, depth, values], "onehot", axis=-1)
+    if b.elem_type == TensorProto.FLOAT:
+        values = b.const([0.0, 1.0], "onehot_values")
+        return b.op("OneHot", [label, depth, values], "onehot", axis=-1)
+    # onnxruntime has OneHot kernels for float, int64 and int32 values only (none for double):
+    # build the 0/1 matrix in float and cast it, which is exact
+    values = b.const([0.0, 1.0], "onehot_values", dtype=np.float32)
+    hot = b.op("OneHot", [label, depth, values], "onehot_f32", axis=-1)
+    return b.cast(hot, hint="onehot")
 
 
 class NegLogLearningLoss(BaseLearningLoss):
