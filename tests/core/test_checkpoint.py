@@ -5,9 +5,12 @@ is refused."""
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
+import re
 import signal
+import tracemalloc
 import zipfile
 from typing import Any
 
@@ -297,3 +300,54 @@ def test_tampered_checkpoints_are_refused(tmp_path):
         with pytest.raises(ValueError, match=match):
             fresh.load_checkpoint(tmp_path / "bad.npz")
         assert not hasattr(fresh, "n_iter_")  # nothing half-restored
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array)
+    return buf.getvalue()
+
+
+def _rezip(src: Any, dst: Any, **members: bytes) -> None:
+    """``src`` with some members (``w0`` for ``w0.npy``...) replaced by raw bytes."""
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for name in zin.namelist():
+            zout.writestr(name, members.pop(name[:-4], None) or zin.read(name))
+
+
+def test_broken_checkpoint_files_are_refused_naming_the_file(tmp_path):
+    """Truncated, a member without a .npy header, a header declaring 10**12 values, a meta
+    nested 200,000 deep: ValueError naming the file (load_checkpoint, checkpoint_info and
+    resume alike), before any large allocation."""
+    X, y = _data()
+    good = tmp_path / "good.npz"
+    _trainer("full", "adam", max_iter=1).fit(X, y).save_checkpoint(good)
+    huge = io.BytesIO()
+    np.lib.format.write_array_header_1_0(huge, {"descr": "<f4", "fortran_order": False, "shape": (10**12,)})
+    deep = b'{"format": "ort-train-checkpoint", "x": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"
+    members = {
+        "no npy header": {"w0": b"not an array"},
+        "huge header": {"w0": huge.getvalue() + bytes(64)},
+        "deep meta": {"meta": _npy(np.frombuffer(deep, dtype=np.uint8))},
+    }
+    paths = {}
+    for what, replace in members.items():
+        paths[what] = tmp_path / what.replace(" ", "_") / CHECKPOINT_FILE
+        paths[what].parent.mkdir()
+        _rezip(good, paths[what], **replace)
+    paths["truncated"] = tmp_path / "truncated" / CHECKPOINT_FILE
+    paths["truncated"].parent.mkdir()
+    paths["truncated"].write_bytes(good.read_bytes()[:-100])
+    for what, path in paths.items():
+        tracemalloc.start()
+        try:
+            with pytest.raises(ValueError, match=re.escape(str(path))):
+                _trainer("full", "adam", max_iter=2).load_checkpoint(path)
+            with pytest.raises(ValueError, match=re.escape(str(path))):
+                checkpoint_info(path)
+            with pytest.raises(ValueError, match=re.escape(str(path))):
+                _trainer("full", "adam", max_iter=2, checkpoint_dir=path.parent).resume(X, y)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 50 * 2**20, (what, peak)

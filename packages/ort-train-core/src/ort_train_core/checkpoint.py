@@ -23,6 +23,8 @@ from typing import Any, BinaryIO
 import numpy as np
 from onnx import ModelProto
 
+from ._npz import read_npz
+
 #: the file a trainer with ``checkpoint_dir`` writes in that folder
 CHECKPOINT_FILE = "checkpoint.npz"
 FORMAT = "ort-train-checkpoint"
@@ -72,21 +74,15 @@ def write_atomically(path: str, write: Callable[[BinaryIO], object], prefix: str
 def read_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """(arrays, meta) of a checkpoint; ValueError when the file is not one."""
     path = os.fspath(path)
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
-    except FileNotFoundError:
-        raise
-    except (OSError, ValueError, EOFError) as exc:  # not a zip, truncated, object arrays
-        raise ValueError(f"{path} is not a readable checkpoint: {exc}") from exc
+    # not a zip, truncated, headers that are missing, forged or declare pickled objects:
+    # ValueError naming the file, before any allocation a header merely claims
+    arrays = read_npz(path, "checkpoint")
     raw = arrays.pop("meta", None)
     try:
-        if raw is None or raw.dtype != np.uint8:
+        if raw is None or raw.dtype != np.uint8 or raw.ndim != 1:
             raise ValueError("no meta entry")
-        meta = json.loads(raw.tobytes().decode("utf-8"))
-        if not isinstance(meta, dict):
-            raise ValueError("meta is not a JSON object")
-    except (ValueError, UnicodeDecodeError) as exc:
+        meta = _parse_meta(raw.tobytes().decode("utf-8"))
+    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise ValueError(f"{path} is not an ort-train checkpoint: {exc}") from exc
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path} is not an ort-train checkpoint (format {meta.get('format')!r})")
@@ -96,6 +92,41 @@ def read_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, np.ndarray]
             f"ort-train reads version {FORMAT_VERSION}"
         )
     return arrays, meta
+
+
+#: nesting the meta document may have: ours is 4 deep (rng -> state -> key -> array); a
+#: forged one 200,000 deep would exhaust the recursion of json and of the restoring code
+MAX_META_DEPTH = 16
+
+
+def _parse_meta(text: str) -> dict[str, Any]:
+    """The meta JSON object; ValueError when it is not one or nests deeper than MAX_META_DEPTH.
+
+    The depth is measured on the text first (brackets outside strings), so that json.loads
+    never recurses deeply."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    if deepest > MAX_META_DEPTH:
+        raise ValueError(f"meta nests {deepest} levels deep (at most {MAX_META_DEPTH})")
+    meta = json.loads(text)
+    if not isinstance(meta, dict):
+        raise ValueError("meta is not a JSON object")
+    return meta
 
 
 def checkpoint_info(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 import warnings
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -20,6 +21,7 @@ import onnx
 from onnx import ModelProto, helper
 
 from ._io import load_model
+from ._npz import read_npz
 from .checkpoint import CHECKPOINT_FILE, write_atomically
 from .exceptions import ConvergenceError, CudaUnavailableError
 from .graph import (
@@ -201,14 +203,12 @@ def load_table(path: str, target: str) -> tuple[np.ndarray, np.ndarray, list[str
 
 
 def _load_npz(path: str, target: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
-    except (OSError, ValueError, EOFError) as exc:
-        raise _UsageError(f"{path} is not a readable .npz file: {exc}") from exc
+    arrays = read_npz(path)  # headers checked against the real bytes: no allocation from a claim
     if target not in arrays:
         raise _UsageError(f"{path} has no array {target!r}; arrays: {sorted(arrays)}")
     y = arrays.pop(target)
+    if y.ndim == 0:
+        raise _UsageError(f"{path}: the target {target!r} is a single value, not one value per row")
     if "X" in arrays:
         X = np.asarray(arrays["X"])
         if X.ndim == 1:
@@ -225,19 +225,24 @@ def _load_npz(path: str, target: str) -> tuple[np.ndarray, np.ndarray, list[str]
 
 
 def _load_csv(path: str, target: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    with open(path, newline="") as f:
-        header = next(csv.reader(f), None)
-    if not header:
-        raise _UsageError(f"{path} is empty; a .csv needs a header row")
-    names = [h.strip() for h in header]
-    if target not in names:
-        raise _UsageError(f"{path} has no column {target!r}; columns: {names}")
-    if len(names) < 2:
-        raise _UsageError(f"{path} holds only the target {target!r}: no features")
-    try:
-        table = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2, dtype=np.float64)
-    except ValueError as exc:
-        raise _UsageError(f"{path}: every value after the header must be a number ({exc})") from exc
+    # utf-8-sig: spreadsheets start the file with a byte-order mark, which would otherwise
+    # become part of the first column's name
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        try:
+            header = next(csv.reader(f), None)
+            names = [h.strip() for h in header or ()]
+            _check_header(path, names, target)
+            with warnings.catch_warnings():  # no rows: refused below with the file's name
+                warnings.filterwarnings("ignore", "loadtxt: input contained no data")
+                table = np.loadtxt(f, delimiter=",", ndmin=2, dtype=np.float64)
+        except UnicodeDecodeError as exc:
+            raise _UsageError(
+                f"{path} is not UTF-8 text (it holds the byte {exc.object[exc.start]:#04x}); save it as UTF-8"
+            ) from exc
+        except _UsageError:
+            raise
+        except ValueError as exc:
+            raise _UsageError(f"{path}: every value after the header must be a number ({exc})") from exc
     if table.shape[0] == 0:
         raise _UsageError(f"{path} has a header but no rows")
     if table.shape[1] != len(names):
@@ -245,6 +250,20 @@ def _load_csv(path: str, target: str) -> tuple[np.ndarray, np.ndarray, list[str]
     t = names.index(target)
     features = [j for j in range(len(names)) if j != t]
     return table[:, features], table[:, t], [names[j] for j in features]
+
+
+def _check_header(path: str, names: list[str], target: str) -> None:
+    """The header names the target once and every column once: a repeated name (the target
+    again among the features) would silently train on the wrong columns."""
+    if not names:
+        raise _UsageError(f"{path} is empty; a .csv needs a header row")
+    repeated = sorted(n for n, k in Counter(names).items() if k > 1)
+    if repeated:
+        raise _UsageError(f"{path}: duplicate column names {repeated}; give every column its own name")
+    if target not in names:
+        raise _UsageError(f"{path} has no column {target!r}; columns: {names}")
+    if len(names) < 2:
+        raise _UsageError(f"{path} holds only the target {target!r}: no features")
 
 
 # ---- commands ------------------------------------------------------------------------------------
