@@ -5,6 +5,7 @@ one step runs (:class:`StepRunner`)."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import os
 import signal
@@ -23,7 +24,7 @@ from ._params import ParamsMixin
 from ._runtime import Device, parse_device
 from .callbacks import Callback, EarlyStopping, EpochPrinter, ProgressBar
 from .checkpoint import CHECKPOINT_FILE, read_checkpoint, write_checkpoint
-from .exceptions import ConvergenceError, ConvergenceWarning
+from .exceptions import CheckpointMismatchError, ConvergenceError, ConvergenceWarning
 from .learning_rate import BaseLearningRate, make_learning_rate
 
 
@@ -236,11 +237,14 @@ class BaseOrtTrainer(ParamsMixin):
             raise ValueError("give both X_val and y_val, or neither")
         if X_val is not None:
             validation = check_fit_arrays(spec, X_val, y_val, sample_weight_val, prefix="validation ")
+        # what resume must find in the checkpoint, and what this fit's checkpoints record
+        record = self._resume_record((Xc, yc, wc), validation)
         path = self._checkpoint_path()
         resuming = resume and path is not None and os.path.exists(path)
         if resuming:
             assert path is not None
-            self.load_checkpoint(path)
+            self._load_checkpoint(path, expected=record)
+        self._run_record = record
         continuing = resuming or (bool(self.warm_start) and getattr(self, "_state", None) is not None)
         previous_lr: str | None = getattr(self, "_lr_signature", None)
         if continuing and previous_lr is not None and previous_lr != repr(lr):
@@ -450,12 +454,32 @@ class BaseOrtTrainer(ParamsMixin):
         """Restores what :meth:`save_checkpoint` wrote; a following fit with ``warm_start=True``
         (or :meth:`resume`) continues from there. Refuses a checkpoint of another model or of
         other trained weights (ValueError)."""
-        path = os.fspath(path)
+        self._load_checkpoint(os.fspath(path))
+
+    def _load_checkpoint(self, path: str, expected: Mapping[str, Any] | None = None) -> None:
+        """load_checkpoint; with ``expected`` (resume), first refuses a checkpoint written with
+        other settings or data (see :meth:`_resume_record`)."""
         arrays, meta = read_checkpoint(path)
         try:
-            self._restore_checkpoint(path, arrays, meta)
+            self._restore_checkpoint(path, arrays, meta, expected)
         except (KeyError, TypeError, IndexError) as exc:
             raise ValueError(f"{path} is a malformed checkpoint: {exc!r}") from exc
+
+    def _resume_record(
+        self,
+        data: tuple[np.ndarray, np.ndarray, np.ndarray | None],
+        validation: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None,
+    ) -> dict[str, Any]:
+        """What decides the weights a fit ends at besides the model and learning rate (checked
+        elsewhere): the batches' size, order and seed, and the (validated) data, fingerprinted
+        cheaply. A checkpoint records it; resume refuses one that differs."""
+        return {
+            "batch_size": int(self.batch_size),
+            "shuffle": bool(self.shuffle),
+            "random_state": _seed_record(self.random_state),
+            "data": data_fingerprint(data),
+            "validation_data": None if validation is None else data_fingerprint(validation),
+        }
 
     def _write_checkpoint(self, path: str, state: TrainingState, rng_state: Mapping[str, Any] | None) -> None:
         names = list(state.weights)
@@ -481,9 +505,17 @@ class BaseOrtTrainer(ParamsMixin):
             "batch_size": int(self.batch_size),
             "shuffle": bool(self.shuffle),
         }
+        # the seed and data fingerprints of the fit that wrote it (none after set_state alone)
+        meta.update({k: v for k, v in getattr(self, "_run_record", {}).items() if k not in meta})
         write_checkpoint(path, arrays, meta)
 
-    def _restore_checkpoint(self, path: str, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+    def _restore_checkpoint(
+        self,
+        path: str,
+        arrays: dict[str, np.ndarray],
+        meta: dict[str, Any],
+        resume_record: Mapping[str, Any] | None = None,
+    ) -> None:
         expected = self._fingerprint()
         if meta["fingerprint"] != expected:
             raise ValueError(
@@ -491,6 +523,8 @@ class BaseOrtTrainer(ParamsMixin):
                 f"fingerprint {str(meta['fingerprint'])[:12]}..., this one {expected[:12]}...): "
                 "load it into a trainer built from the same graph and loss"
             )
+        if resume_record is not None:
+            _check_resume(path, meta, resume_record)
         initial = self._initial_state()
         names = list(meta["weights"])
         if names != list(initial.weights):
@@ -585,6 +619,86 @@ def _checked(path: str, name: str, value: np.ndarray, ref: np.ndarray) -> np.nda
     if not np.isfinite(value).all():
         raise ValueError(f"{path}: weight {name!r} or its optimizer state holds NaN or inf")
     return np.array(value, copy=True)
+
+
+#: rows of each array hashed into a data fingerprint: evenly spaced from the first to the last,
+#: so that another file, split or order is caught at a cost independent of the data's size (an
+#: edit confined to rows between them is not)
+FINGERPRINT_ROWS = 64
+
+
+def data_fingerprint(arrays: Sequence[np.ndarray | None]) -> str:
+    """sha256 of each array's shape, dtype and FINGERPRINT_ROWS evenly spaced rows.
+
+    Parameters
+    ----------
+    arrays : sequence of numpy.ndarray or None
+        X, y and sample weights as the fit trains on them (validated and cast), None for an
+        absent one.
+
+    Returns
+    -------
+    str
+        A hex digest; equal data give equal digests in any process.
+    """
+    digest = hashlib.sha256()
+    for a in arrays:
+        if a is None:
+            digest.update(b"none;")
+            continue
+        n = a.shape[0] if a.ndim else 1
+        rows = np.unique(np.linspace(0, n - 1, num=min(n, FINGERPRINT_ROWS)).round().astype(np.int64))
+        digest.update(f"{a.shape};{a.dtype.str};".encode())
+        digest.update(np.ascontiguousarray(a[rows] if a.ndim else a).tobytes())
+    return digest.hexdigest()
+
+
+def _seed_record(random_state: Any) -> int | str | None:
+    """random_state as JSON: an int or None as is; a Generator or SeedSequence by its type
+    (not comparable across processes: only its kind is checked)."""
+    if random_state is None or isinstance(random_state, (int, np.integer)):
+        return None if random_state is None else int(random_state)
+    return f"<{type(random_state).__name__}>"
+
+
+#: how a resume mismatch is told: the parameter, and the fix
+_RESUME_FIXES = {
+    "batch_size": "resume with the same batch_size",
+    "shuffle": "resume with the same shuffle",
+    "random_state": "resume with the same random_state",
+    "data": "resume with the same X, y and sample_weight",
+    "validation_data": "resume with the same X_val, y_val and sample_weight_val",
+}
+
+
+def _check_resume(path: str, meta: Mapping[str, Any], record: Mapping[str, Any]) -> None:
+    """Refuses (CheckpointMismatchError) a checkpoint whose run differs from this fit in what
+    decides the final weights; one of an earlier version, which did not record the seed and
+    data, resumes with a warning."""
+    for key, given in record.items():
+        if key not in meta or meta[key] == given:
+            continue
+        saved = meta[key]
+        if key in ("data", "validation_data"):
+            what = "other data" if key == "data" else "other validation data (X_val, y_val)"
+            problem = f"was written by a fit on {what} than this one"
+        else:
+            problem = f"was written with {key}={saved!r}, this fit has {key}={given!r}"
+        raise CheckpointMismatchError(
+            f"{path} {problem}: resuming would not end at the weights of the interrupted run; "
+            f"{_RESUME_FIXES[key]}, or fit() to start over",
+            key,
+            saved,
+            given,
+        )
+    missing = [k for k in record if k not in meta]
+    if missing:
+        warnings.warn(
+            f"{path} was written by an earlier version of ort-train, which did not record {missing}: "
+            "resuming without checking them; give the interrupted run's data and settings",
+            UserWarning,
+            stacklevel=6,  # the caller of resume()
+        )
 
 
 def _jsonable(value: Any) -> Any:

@@ -23,7 +23,7 @@ from onnx import ModelProto, helper
 from ._io import load_model
 from ._npz import read_npz
 from .checkpoint import CHECKPOINT_FILE, write_atomically
-from .exceptions import ConvergenceError, CudaUnavailableError
+from .exceptions import CheckpointMismatchError, ConvergenceError, CudaUnavailableError
 from .graph import (
     add_loss_output,
     default_weights_to_train,
@@ -399,7 +399,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if args.resume:
-            trainer.resume(X, y, X_val=X_val, y_val=y_val)
+            try:
+                trainer.resume(X, y, X_val=X_val, y_val=y_val)
+            except CheckpointMismatchError as exc:
+                raise _resume_refused(exc, str(existing)) from exc
         else:
             trainer.fit(X, y, X_val=X_val, y_val=y_val)
     elapsed = time.perf_counter() - start
@@ -421,6 +424,24 @@ def cmd_fit(args: argparse.Namespace) -> int:
     print(f"time: {elapsed:.2f} s")
     print(f"wrote: {args.out}")
     return EXIT_OK
+
+
+def _resume_refused(exc: CheckpointMismatchError, checkpoint: str) -> _UsageError:
+    """The trainer's refusal of a checkpoint, in the words of the options that differ."""
+    fix = "or drop --resume to start over"
+    if exc.parameter in ("data", "validation_data"):
+        return _UsageError(
+            f"{checkpoint} was written by a run on other rows than --data, --target and "
+            f"--validation-fraction (with --seed) give now; resume with the interrupted run's, {fix}"
+        )
+    if exc.parameter == "shuffle":
+        saved, given = ("--shuffle" if v else "--no-shuffle" for v in (exc.saved, exc.given))
+    else:
+        option = {"batch_size": "--batch-size", "random_state": "--seed"}.get(exc.parameter, exc.parameter)
+        saved, given = f"{option} {exc.saved}", f"{option} {exc.given}"
+    return _UsageError(
+        f"{checkpoint} was written with {saved}, this run has {given}; resume with {saved}, {fix}"
+    )
 
 
 def training_objective(

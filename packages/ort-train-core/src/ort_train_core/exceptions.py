@@ -45,3 +45,25 @@ class GraphNotDifferentiableError(ValueError):
 class CudaUnavailableError(RuntimeError):
     """A CUDA device was asked for but cannot be used: no NVIDIA driver, no GPU at that index,
     or CUDA 11.8 / cuDNN 8 libraries missing. The message names what is missing and the fix."""
+
+
+class CheckpointMismatchError(ValueError):
+    """``resume`` refused a checkpoint written with another setting or other data: continuing
+    it would not end at the weights of the uninterrupted run.
+
+    Parameters
+    ----------
+    message : str
+        What differs and the fix.
+    parameter : str
+        The trainer parameter (``'batch_size'``, ``'shuffle'``, ``'random_state'``) or
+        ``'data'`` / ``'validation_data'``.
+    saved, given
+        The checkpoint's value and this fit's (fingerprints for the data).
+    """
+
+    def __init__(self, message: str, parameter: str, saved: object, given: object) -> None:
+        super().__init__(message)
+        self.parameter = parameter
+        self.saved = saved
+        self.given = given
