@@ -19,7 +19,7 @@ from sklearn.exceptions import ConvergenceWarning, DataConversionWarning
 from sklearn.model_selection import train_test_split
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
-from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.multiclass import check_classification_targets, unique_labels
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
 
 import ort_train_core
@@ -55,6 +55,20 @@ def _to_float32(name: str, values: Any) -> np.ndarray:
     """``values`` as a C-contiguous float32 array, the type the graphs compute in; values beyond
     its range are refused (core's cast: a float64 1e39 would otherwise become inf)."""
     return cast_checked(name, np.asarray(values), np.dtype(np.float32))
+
+
+def _same_classes(classes: Any, fitted: np.ndarray) -> bool:
+    """Whether ``classes`` names the same labels as ``fitted``, in any order."""
+    return bool(np.array_equal(unique_labels(classes), unique_labels(fitted)))
+
+
+def _encode(y: np.ndarray, classes: np.ndarray) -> np.ndarray:
+    """Each label's column in ``classes`` (every label is in it), int64. ``classes`` may be in
+    any order (an ONNX model lists its labels in the order of its logit columns), so a sorted
+    search goes through the sorting permutation."""
+    order = np.argsort(classes, kind="stable")
+    index: np.ndarray = order[np.searchsorted(classes[order], y)].astype(np.int64)
+    return index
 
 
 class OrtEstimatorMixin(BaseEstimator):
@@ -121,19 +135,37 @@ class OrtEstimatorMixin(BaseEstimator):
             return (y.reshape(-1, 1) if y.ndim == 1 else y), n_outputs
         check_classification_targets(y)
         if first:
-            self.classes_ = np.unique(y) if classes is None else np.asarray(classes)
-            if classes is not None and not np.isin(np.unique(y), self.classes_).all():
-                raise ValueError(f"y holds labels not in classes={list(self.classes_)}")
+            self.classes_ = self._initial_classes(y, classes)
             if len(self.classes_) < 2:
                 raise ValueError(
                     f"{type(self).__name__} needs samples of at least 2 classes in the data, but the "
                     f"data contains only one class: {self.classes_[0]!r}"
                 )
-        elif not np.isin(np.unique(y), self.classes_).all():
-            raise ValueError(f"y holds labels not seen in the first fit: classes are {list(self.classes_)}")
-        index = np.searchsorted(self.classes_, y).astype(np.int64)
+        elif classes is not None and not _same_classes(classes, self.classes_):
+            # scikit-learn's rule: the model has one output per class of the first call
+            raise ValueError(
+                f"classes={np.asarray(classes).tolist()!r} is not the same as on the first call to "
+                f"partial_fit (or fit), which set classes_={self.classes_.tolist()!r}; pass those "
+                "classes or none"
+            )
+        unknown = np.setdiff1d(np.unique(y), self.classes_)
+        if unknown.size:
+            if first:
+                raise ValueError(
+                    f"y holds labels {unknown.tolist()!r} not in classes={self.classes_.tolist()!r}: "
+                    "classes must include every label y can hold"
+                )
+            raise ValueError(
+                f"y holds labels {unknown.tolist()!r} not seen in the first fit: classes are "
+                f"{self.classes_.tolist()!r}; a new class needs a new fit"
+            )
         n_outputs = 1 if len(self.classes_) == 2 else len(self.classes_)
-        return index, n_outputs
+        return _encode(y, self.classes_), n_outputs
+
+    def _initial_classes(self, y: np.ndarray, classes: Any) -> np.ndarray:
+        """``classes_`` of a first fit: ``classes`` (partial_fit) as their sorted set, else the
+        labels in y, as in scikit-learn. The logit columns follow this order."""
+        return np.unique(y) if classes is None else unique_labels(classes)
 
     def resume(self, X: Any, y: Any, sample_weight: Any = None) -> Any:
         """Continues the fit saved in ``checkpoint_dir`` (same data and parameters) up to
@@ -343,17 +375,69 @@ class OrtRegressorMixin(OrtEstimatorMixin):
 class OrtClassifierMixin(OrtEstimatorMixin):
     _is_classifier = True
 
+    def _check_first_partial_fit(self, classes: Any) -> None:
+        """scikit-learn's rule: the first partial_fit names every class, since the model has
+        one output per class and a later batch may hold a label the first one lacks."""
+        if classes is None and not hasattr(self, "_trainer"):
+            raise ValueError(
+                "classes must be passed on the first call to partial_fit: every label y may hold"
+            )
+
     def decision_function(self, X: Any) -> np.ndarray:
         (scores,) = self._run("raw", X)
         out: np.ndarray = scores.ravel() if scores.shape[1] == 1 else scores
         return out
 
+    def _shifted_logits(self, X: Any) -> np.ndarray:
+        """The logits in float64, one column per class (a binary model's one logit z as the
+        pair [0, z]), minus each row's largest (so that exp() cannot overflow)."""
+        (scores,) = self._run("raw", X)
+        # float32 logits are exact in float64; an inf (an overflowed float32 sum) becomes the
+        # largest float32 so that the differences below stay numbers instead of NaN
+        bound = float(np.finfo(np.float32).max)
+        z = np.clip(scores.astype(np.float64), -bound, bound)
+        if z.shape[1] == 1:
+            z = np.column_stack([np.zeros(len(z)), z])
+        shifted: np.ndarray = z - z.max(axis=1, keepdims=True)
+        return shifted
+
     def predict_proba(self, X: Any) -> np.ndarray:
-        proba: np.ndarray = self._run("deploy", X)[1]
-        return proba
+        """Class probabilities, columns in the order of ``classes_``.
+
+        The softmax of the logits (the sigmoid of a binary model's one logit), computed and
+        returned in float64 whatever X's float type, so that each row sums to 1 within float64
+        rounding (scikit-learn's ``log_loss`` checks it; a cast to float32 would undo it).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Samples.
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes)
+            Probabilities, float64.
+        """
+        e = np.exp(self._shifted_logits(X))
+        out: np.ndarray = e / e.sum(axis=1, keepdims=True)
+        return out
 
     def predict_log_proba(self, X: Any) -> np.ndarray:
-        out: np.ndarray = np.log(self.predict_proba(X))
+        """Log of :meth:`predict_proba`, as the log-softmax of the logits: finite where a
+        probability rounds to 0 (``np.log(predict_proba(X))`` would be -inf there).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Samples.
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes)
+            Log-probabilities, float64.
+        """
+        shifted = self._shifted_logits(X)
+        out: np.ndarray = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
         return out
 
     def predict(self, X: Any) -> np.ndarray:

@@ -261,8 +261,7 @@ class OrtMLPClassifier(OrtClassifierMixin, ClassifierMixin, _OrtMLPBase):
 
     def partial_fit(self, X: Any, y: Any, classes: Any = None, sample_weight: Any = None) -> OrtMLPClassifier:
         """One epoch over (X, y); ``classes`` is required on the first call."""
-        if not hasattr(self, "_trainer") and classes is None:
-            raise ValueError("classes must be passed on the first call to partial_fit")
         self._validate_params()
+        self._check_first_partial_fit(classes)
         self._fit(X, y, sample_weight, incremental=True, classes=classes)
         return self

@@ -15,7 +15,13 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ort_train_core import BaseLearningRate, LearningRateAdam, LearningRateSGD, LearningRateSGDNesterov
 
-from ._base import _COMMON_CONSTRAINTS, OrtClassifierMixin, OrtEstimatorMixin, OrtRegressorMixin
+from ._base import (
+    _COMMON_CONSTRAINTS,
+    OrtClassifierMixin,
+    OrtEstimatorMixin,
+    OrtRegressorMixin,
+    _same_classes,
+)
 from ._convert import TrainableGraph, to_trainable_graph
 
 
@@ -89,11 +95,23 @@ class _OnnxModelBase(OrtEstimatorMixin):
     def _store_weights(self, weights: dict[str, np.ndarray]) -> None:
         self.weights_ = weights
 
-    def _fit_model(self, X: Any, y: Any, sample_weight: Any, incremental: bool = False) -> None:
+    def _fit_model(
+        self, X: Any, y: Any, sample_weight: Any, incremental: bool = False, classes: Any = None
+    ) -> None:
         if not ((incremental or self.warm_start) and hasattr(self, "_trainer")):
-            Xc, yc = validate_data(self, X, y, dtype=(np.float32, np.float64), multi_output=True)
-            self._graph_ = self._graph(Xc.astype(np.float32), yc)
-        self._fit(X, y, sample_weight, incremental=incremental, classes=self._graph_.classes)
+            self._build_graph(X, y)
+        self._fit(X, y, sample_weight, incremental=incremental, classes=classes)
+
+    def _build_graph(self, X: Any, y: Any) -> None:
+        Xc, yc = validate_data(self, X, y, dtype=(np.float32, np.float64), multi_output=True)
+        self._graph_ = self._graph(Xc.astype(np.float32), yc)
+
+    def resume(self, X: Any, y: Any, sample_weight: Any = None) -> Any:
+        """Continues the fit saved in ``checkpoint_dir`` (same model, data and parameters) up
+        to ``max_iter`` epochs in all; a plain fit when no checkpoint exists yet."""
+        if self.checkpoint_dir is not None:  # the graph the checkpoint's weights belong to
+            self._build_graph(X, y)
+        return super().resume(X, y, sample_weight)
 
 
 class OnnxModelRegressor(OrtRegressorMixin, RegressorMixin, _OnnxModelBase):
@@ -240,10 +258,23 @@ class OnnxModelClassifier(OrtClassifierMixin, ClassifierMixin, _OnnxModelBase):
     def partial_fit(
         self, X: Any, y: Any, classes: Any = None, sample_weight: Any = None
     ) -> OnnxModelClassifier:
-        """One epoch over (X, y), continuing the current weights."""
+        """One epoch over (X, y), continuing the current weights; ``classes`` is required on
+        the first call and must be the model's classes (in any order)."""
         self._validate_params()
-        self._fit_model(X, y, sample_weight, incremental=True)
+        self._check_first_partial_fit(classes)
+        self._fit_model(X, y, sample_weight, incremental=True, classes=classes)
         return self
+
+    def _initial_classes(self, y: np.ndarray, classes: Any) -> np.ndarray:
+        """The model's labels, in the order of its logit columns; ``classes`` must name them."""
+        own = self._graph_.classes
+        assert own is not None  # a classifier's graph always lists its classes
+        if classes is not None and not _same_classes(classes, own):
+            raise ValueError(
+                f"classes={np.asarray(classes).tolist()!r} are not the classes of the model "
+                f"({own.tolist()!r}, one per logit column): pass those, or train a model on these classes"
+            )
+        return own
 
 
 def _is_fitted(estimator: Any) -> bool:
