@@ -285,7 +285,7 @@ class BaseOrtTrainer(ParamsMixin):
         callbacks, early = self._make_callbacks()
         for cb in callbacks:
             cb.on_train_begin(self, n_epochs)
-        if replay_history and early is not None and _replay(early, self) and early.stopped:
+        if replay_history and _replayed_stop(callbacks, self):
             for cb in callbacks:  # the checkpointed run had already stopped early
                 cb.on_train_end(self)
             return
@@ -608,6 +608,13 @@ def _replay(early: EarlyStopping, trainer: BaseOrtTrainer) -> bool:
             logs["validation_loss"] = val[epoch]
         early.on_epoch_end(trainer, epoch, logs)
     return bool(trainer.train_losses_)
+
+
+def _replayed_stop(callbacks: Sequence[Callback], trainer: BaseOrtTrainer) -> bool:
+    """Replays the restored history into every EarlyStopping, the built-in one and the user's
+    (on_train_begin has just reset them); True when one of them stops at its last epoch."""
+    stoppers = [cb for cb in callbacks if isinstance(cb, EarlyStopping)]
+    return any([_replay(cb, trainer) and cb.stopped for cb in stoppers])  # a list: replay all
 
 
 def _checked(path: str, name: str, value: np.ndarray, ref: np.ndarray) -> np.ndarray:

@@ -12,15 +12,59 @@ if TYPE_CHECKING:
 
 
 class Callback:
+    """A hook of the fit loop (``callbacks=[...]`` of both trainers).
+
+    Lifecycle: every call of ``fit`` or ``resume`` (a warm-started fit and each ``partial_fit``
+    of an estimator included) calls :meth:`on_train_begin` first, then :meth:`on_epoch_end`
+    after each completed epoch, then :meth:`on_train_end` (also when the fit raises).
+
+    The trainer uses the instances it is given, not copies, so that a callback's results stay
+    readable after the fit. A callback that accumulates state during a fit must therefore
+    reset all of it in :meth:`on_train_begin` (as skorch's ``initialize()`` and Keras'
+    callbacks do): the same fit run twice must then behave the same. The built-in callbacks
+    do. On :meth:`~ort_train_core.OrtGradientOptimizer.resume`, every :class:`EarlyStopping`
+    gets the checkpointed loss history again after that reset, so that it stops where the
+    uninterrupted fit would have.
+    """
+
     def on_train_begin(self, trainer: BaseOrtTrainer, n_epochs: int) -> None:
-        pass
+        """Starts a fit of ``n_epochs`` epochs at most; resets what a previous fit left.
+
+        Parameters
+        ----------
+        trainer : BaseOrtTrainer
+            The trainer being fitted.
+        n_epochs : int
+            The epochs this call may run.
+        """
 
     def on_epoch_end(self, trainer: BaseOrtTrainer, epoch: int, logs: dict[str, float]) -> bool:
-        """Returns True to stop training after this epoch."""
+        """After each completed epoch; ``trainer.get_state()`` holds its weights.
+
+        Parameters
+        ----------
+        trainer : BaseOrtTrainer
+            The trainer being fitted.
+        epoch : int
+            The epoch's 0-based index in the trainer's history (it goes on over warm starts).
+        logs : dict of str to float
+            ``train_loss``, and ``validation_loss`` when there is validation data.
+
+        Returns
+        -------
+        bool
+            True to stop training after this epoch.
+        """
         return False
 
     def on_train_end(self, trainer: BaseOrtTrainer) -> None:
-        pass
+        """At the end of every fit, also one that raised.
+
+        Parameters
+        ----------
+        trainer : BaseOrtTrainer
+            The trainer being fitted.
+        """
 
 
 class ProgressBar(Callback):
@@ -32,6 +76,7 @@ class ProgressBar(Callback):
     def on_train_begin(self, trainer: BaseOrtTrainer, n_epochs: int) -> None:
         from tqdm.auto import tqdm
 
+        self.on_train_end(trainer)  # a bar a previous fit left open (never, unless called by hand)
         self._bar = tqdm(total=n_epochs, desc=type(trainer).__name__, unit="epoch")
 
     def on_epoch_end(self, trainer: BaseOrtTrainer, epoch: int, logs: dict[str, float]) -> bool:
@@ -60,17 +105,32 @@ class EpochPrinter(Callback):
 
 class EarlyStopping(Callback):
     """Stops when the monitored loss has not improved by ``tol`` for ``n_iter_no_change`` epochs
-    (scikit-learn's rule), on the validation loss when there is one."""
+    (scikit-learn's rule), on the validation loss when there is one.
+
+    The count starts afresh with every fit (a warm-started one too, as scikit-learn's SGD
+    counts per call), except that ``resume`` replays the checkpointed history first.
+
+    Parameters
+    ----------
+    tol : float
+        The improvement of the best loss that counts as one.
+    n_iter_no_change : int
+        Epochs in a row without such an improvement that stop the fit.
+    """
 
     def __init__(self, tol: float, n_iter_no_change: int) -> None:
         self.tol = tol
         self.n_iter_no_change = n_iter_no_change
+        self._reset()
+
+    def _reset(self) -> None:
         self.best = math.inf
         self.bad_epochs = 0
         self.stopped = False
 
     def on_train_begin(self, trainer: BaseOrtTrainer, n_epochs: int) -> None:
-        self.stopped = False
+        # the previous fit's best loss and count would otherwise stop this one after an epoch
+        self._reset()
 
     def on_epoch_end(self, trainer: BaseOrtTrainer, epoch: int, logs: dict[str, float]) -> bool:
         value = logs.get("validation_loss", logs["train_loss"])
