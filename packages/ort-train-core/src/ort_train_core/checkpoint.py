@@ -13,10 +13,13 @@ Files are written atomically (a temporary file in the same folder, flushed and f
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
-import tempfile
+import secrets
+import stat
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, BinaryIO
 
@@ -54,10 +57,13 @@ def write_checkpoint(
 def write_atomically(path: str, write: Callable[[BinaryIO], object], prefix: str = ".ort-train-") -> None:
     """``write`` fills a temporary file beside ``path``, flushed and fsynced, which then
     replaces ``path``: a crash (even SIGKILL) leaves the old file or the new one, never half of
-    one (at worst a hidden temporary)."""
+    one (at worst a hidden temporary, which the next write in that folder removes).
+
+    The file gets the mode any file the user creates gets (0o666 less the umask)."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=folder)
+    _remove_stale_temporaries(folder, prefix)
+    fd, tmp = _create_temporary(folder, prefix)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -69,6 +75,73 @@ def write_atomically(path: str, write: Callable[[BinaryIO], object], prefix: str
             os.unlink(tmp)
         raise
     _fsync_folder(folder)
+
+
+def check_writable_folder(folder: str) -> None:
+    """Raises the OSError a write in ``folder`` would raise (no permission, read-only file
+    system...), by creating and removing a temporary there: what the process may really do,
+    which ``os.access`` does not tell (root, ACLs, read-only mounts)."""
+    fd, tmp = _create_temporary(folder, ".ort-train-")
+    os.close(fd)
+    os.unlink(tmp)
+
+
+def _create_temporary(folder: str, prefix: str) -> tuple[int, str]:
+    """A new empty file ``folder/<prefix><random>.tmp``, open for writing.
+
+    Created with mode 0o666, so that the kernel applies the umask (and a default ACL) as to
+    any file the user creates; ``tempfile.mkstemp`` gives 0o600, which the final file would keep.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0) | getattr(os, "O_NOFOLLOW", 0)
+    for _ in range(100):
+        tmp = os.path.join(folder, f"{prefix}{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused temporary file name", folder)
+
+
+#: (folder, prefix) pairs already cleaned by this process: a folder is scanned once, not at
+#: every checkpoint
+_CLEANED: set[tuple[str, str]] = set()
+
+#: when this module was imported: the start of the process where /proc does not say it
+_IMPORTED_AT = time.time()
+
+
+def _process_start() -> float:
+    """When this process started (Linux /proc; elsewhere when this module was imported)."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/stat", "rb") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+        # btime is truncated to the second: the result is at most 1 s early, never late
+        return min(boot + ticks / os.sysconf("SC_CLK_TCK"), _IMPORTED_AT)
+    except (OSError, ValueError, IndexError, StopIteration):
+        return _IMPORTED_AT
+
+
+def _remove_stale_temporaries(folder: str, prefix: str) -> None:
+    """Removes ``prefix*.tmp`` regular files last modified before this process started: a
+    writer killed mid-write (SIGKILL, power loss) leaves its temporary behind, and no write
+    still running in this process or any other started since can be that old."""
+    if (folder, prefix) in _CLEANED:
+        return
+    _CLEANED.add((folder, prefix))
+    started = _process_start()
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    for entry in entries:
+        if not (entry.name.startswith(prefix) and entry.name.endswith(".tmp")):
+            continue
+        with contextlib.suppress(OSError):  # gone already, or not ours to remove
+            info = entry.stat(follow_symlinks=False)
+            if stat.S_ISREG(info.st_mode) and info.st_mtime < started:
+                os.unlink(entry.path)
 
 
 def read_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

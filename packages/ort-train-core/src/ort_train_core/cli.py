@@ -20,9 +20,10 @@ import numpy as np
 import onnx
 from onnx import ModelProto, helper
 
+from ._data import DataSpec, check_fit_arrays
 from ._io import load_model
 from ._npz import read_npz
-from .checkpoint import CHECKPOINT_FILE, write_atomically
+from .checkpoint import CHECKPOINT_FILE, check_writable_folder, write_atomically
 from .exceptions import CheckpointMismatchError, ConvergenceError, CudaUnavailableError
 from .graph import (
     add_loss_output,
@@ -285,9 +286,44 @@ def _type_text(vi: onnx.ValueInfoProto) -> str:
     if not vi.type.HasField("tensor_type"):
         return str(helper.printable_type(vi.type))
     tt = vi.type.tensor_type
-    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)).name if tt.elem_type else "?"
+    if tt.elem_type == onnx.TensorProto.STRING:
+        dtype = "string"  # numpy would say 'object'
+    else:
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)).name if tt.elem_type else "?"
     dims = [str(d.dim_value) if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim]
     return f"{dtype} [{', '.join(dims)}]"
+
+
+def input_problem(model: ModelProto) -> str | None:
+    """Why ``fit`` and ``eval`` cannot feed the graph's inputs, or None.
+
+    They feed numbers read from a .csv or .npz: a string input (or a sequence or map) would pass
+    the gradient check (nothing is differentiated through it) and fail in onnxruntime at the
+    first step with "Unexpected input data type".
+    """
+    inits = {i.name for i in model.graph.initializer}
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        if not vi.type.HasField("tensor_type"):
+            return (
+                f"input {vi.name!r} is a {helper.printable_type(vi.type)}, not a tensor; ort-train feeds "
+                "numeric arrays: export the model with tensor inputs"
+            )
+        elem = vi.type.tensor_type.elem_type
+        if elem == onnx.TensorProto.STRING:
+            return (
+                f"input {vi.name!r} holds strings ({_type_text(vi)}); ort-train feeds numbers from a .csv "
+                "or .npz: encode the strings as numbers before the model (one-hot or ordinal codes) and "
+                "export the graph from its first numeric value on"
+            )
+    return None
+
+
+def _refuse_unfeedable_inputs(path: str, model: ModelProto) -> None:
+    problem = input_problem(model)
+    if problem is not None:
+        raise _UsageError(f"{path}: {problem}")
 
 
 def gradient_status(model: ModelProto, output_index: int = 0) -> tuple[list[str], str | None]:
@@ -299,6 +335,9 @@ def gradient_status(model: ModelProto, output_index: int = 0) -> tuple[list[str]
     weights = default_weights_to_train(model, output)
     if not weights:
         return [], str(nothing_to_train_error(model, output))
+    problem = input_problem(model)
+    if problem is not None:
+        return weights, problem
     try:
         loss_model = add_loss_output(normalise_model(model), output_index=output_index)
         DEFAULT_BACKEND.gradient_graph(initializers_to_inputs(loss_model, weights), "loss", weights)
@@ -359,6 +398,27 @@ def _split(
     return X[~held], y[~held], X[held], y[held]
 
 
+def _check_output(path: str, option: str, folder: bool) -> None:
+    """Refuses an output path that cannot be written: a folder given as --out, a file given as
+    --checkpoint DIR, a path below a file, or a folder where this process cannot create files
+    (permissions, a read-only file system). Missing folders are fine: the writer creates them."""
+    if not folder and os.path.isdir(path):
+        raise _UsageError(f"{option} {path} is a folder; give the file to write, such as {path}/model.onnx")
+    if folder and os.path.exists(path) and not os.path.isdir(path):
+        raise _UsageError(f"{option} {path} is a file; give a folder")
+    existing = os.path.abspath(path) if folder else os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise _UsageError(f"{option} {path}: {existing} is a file, not a folder")
+    try:
+        check_writable_folder(existing)
+    except OSError as exc:
+        raise _UsageError(
+            f"{option} {path}: cannot create files in {existing} ({exc.strerror}); choose another {option}"
+        ) from exc
+
+
 def save_model_atomically(model: ModelProto, path: str) -> None:
     """A crash never leaves a half-written model at ``path``."""
     data = model.SerializeToString()
@@ -370,8 +430,13 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
     if args.resume and args.checkpoint is None:
         raise _UsageError("--resume continues from --checkpoint DIR: give the folder")
+    # found now, not after the whole fit (whose weights would be lost without --checkpoint)
+    _check_output(args.out, "--out", folder=False)
+    if args.checkpoint is not None:
+        _check_output(args.checkpoint, "--checkpoint", folder=True)
     model = _load(args.model)
     _output_name(model, args.output_index)
+    _refuse_unfeedable_inputs(args.model, model)
     X, y, _ = load_table(args.data, args.target)
     X, y, X_val, y_val = _split(X, y, args.validation_fraction, args.seed)
     loss_model = add_loss_output(model, score_name=args.loss, output_index=args.output_index)
@@ -505,19 +570,48 @@ def classification_metrics(output: np.ndarray, y: np.ndarray, loss: str) -> dict
     }
 
 
+def _tensor_info(vi: onnx.ValueInfoProto) -> tuple[np.dtype, list[int | None]]:
+    tt = vi.type.tensor_type
+    dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+    return np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)), dims
+
+
+def _eval_spec(model: ModelProto, loss: str, output_index: int) -> tuple[str, DataSpec]:
+    """The feature input eval feeds and the DataSpec fit would validate the data with: the
+    same graph (add_loss_output) gives the same types, feature count and label layout."""
+    loss_model = add_loss_output(normalise_model(model), score_name=loss, output_index=output_index)
+    label = get_metadata(loss_model, "label_name")
+    inits = {i.name for i in loss_model.graph.initializer}
+    inputs = {i.name: i for i in loss_model.graph.input if i.name not in inits}
+    features = [name for name in inputs if name != label]
+    if len(features) != 1:
+        raise _UsageError(f"eval feeds one input, the model has {features}")
+    fdtype, fdims = _tensor_info(inputs[features[0]])
+    ldtype, ldims = _tensor_info(inputs[label])
+    spec = DataSpec(
+        n_features=fdims[1] if len(fdims) == 2 else None,
+        feature_dtype=fdtype if np.issubdtype(fdtype, np.floating) else np.dtype(np.float32),
+        label_dtype=ldtype,
+        label_tail=tuple(ldims[1:]),
+        has_weight=False,
+        n_classes=get_metadata(loss_model, "n_classes"),
+    )
+    return features[0], spec
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     import onnxruntime
 
     model = _load(args.model)
     output = _output_name(model, args.output_index)
+    _refuse_unfeedable_inputs(args.model, model)
     X, y, _ = load_table(args.data, args.target)
+    feature, spec = _eval_spec(model, args.loss, args.output_index)
+    # fit's own validation (NaN/inf, complex, dates, feature count, class indices), same messages
+    X, y, _ = check_fit_arrays(spec, X, y)
     try:
         sess = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-        feed = sess.get_inputs()
-        if len(feed) != 1:
-            raise _UsageError(f"eval feeds one input, the model has {[i.name for i in feed]}")
-        dtype = np.float64 if feed[0].type == "tensor(double)" else np.float32
-        feeds = {feed[0].name: X.astype(dtype)}
+        feeds = {feature: X}
         pred = np.asarray(sess.run([output], feeds)[0])
     except _UsageError:
         raise
@@ -535,11 +629,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _error_text(exc: BaseException) -> str:
-    """An OSError without its ``[Errno N]`` prefix, the file named once."""
+    """One line: an OSError without its ``[Errno N]`` prefix, the file named once; the lines of
+    a longer message (onnxruntime's) joined."""
+    text = str(exc)
     if isinstance(exc, OSError) and exc.strerror:
         name = os.fspath(exc.filename) if exc.filename is not None else ""
-        return exc.strerror if not name or str(name) in exc.strerror else f"{exc.strerror}: {name}"
-    return str(exc)
+        text = exc.strerror if not name or str(name) in exc.strerror else f"{exc.strerror}: {name}"
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -552,13 +648,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.func(args)
     except ConvergenceError as exc:
-        print(f"ort-train: training failed: {exc}", file=sys.stderr)
+        print(f"ort-train: training failed: {_error_text(exc)}", file=sys.stderr)
         return EXIT_TRAINING_FAILED
     except (ValueError, TypeError, OSError, CudaUnavailableError) as exc:  # CUDA: the setup's fix
         print(f"ort-train: error: {_error_text(exc)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except RuntimeError as exc:  # onnxruntime failed while training
-        print(f"ort-train: training failed: {exc}", file=sys.stderr)
+        print(f"ort-train: training failed: {_error_text(exc)}", file=sys.stderr)
         return EXIT_TRAINING_FAILED
     except KeyboardInterrupt:  # a second Ctrl-C stops at once
         print("ort-train: interrupted", file=sys.stderr)
