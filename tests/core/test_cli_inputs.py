@@ -185,45 +185,60 @@ def test_eval_refuses_a_feature_count_the_model_does_not_take(model, tmp_path, c
     _assert_one_line_error(code, err, "6 features", "expects 3")
 
 
-# ---- item 14: a graph with a string input -------------------------------------------------------
-def test_string_input_is_reported_as_not_trainable(tmp_path, capsys):
-    """S (strings) -> Cast to float -> MatMul/Add: the gradient graph builds, but fit feeds
-    numbers; inspect says so and what to do, and fit exits 2 with the same reason."""
+# ---- item 14: inputs fit cannot feed -----------------------------------------------------------
+def _cast_input_model(elem_type: int, extra_input: bool = False) -> onnx.ModelProto:
+    """S (elem_type) -> Cast to float -> MatMul/Add; with ``extra_input`` a second input T
+    added to the result. The gradient graph builds: nothing is differentiated through S or T."""
     nodes = [
         helper.make_node("Cast", ["S"], ["X"], to=TensorProto.FLOAT),
         helper.make_node("MatMul", ["X", "coef"], ["mm"]),
-        helper.make_node("Add", ["mm", "intercept"], ["Y"]),
+        helper.make_node("Add", ["mm", "intercept"], ["Z" if extra_input else "Y"]),
     ]
+    inputs = [helper.make_tensor_value_info("S", elem_type, ["N", 3])]
+    if extra_input:
+        nodes.append(helper.make_node("Add", ["Z", "T"], ["Y"]))
+        inputs.append(helper.make_tensor_value_info("T", TensorProto.FLOAT, ["N", 1]))
     graph = helper.make_graph(
         nodes,
-        "strings",
-        [helper.make_tensor_value_info("S", TensorProto.STRING, ["N", 3])],
+        "inputs",
+        inputs,
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 1])],
         [numpy_helper.from_array(COEF, "coef"), numpy_helper.from_array(INTERCEPT, "intercept")],
     )
-    path = tmp_path / "strings.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@pytest.mark.parametrize(
+    ("elem_type", "extra_input", "words"),
+    [
+        (TensorProto.STRING, False, ["'S'", "string"]),
+        (TensorProto.INT64, False, ["'S'", "int64", "Cast"]),
+        (TensorProto.BOOL, False, ["'S'", "bool", "Cast"]),
+        (TensorProto.FLOAT, True, ["2 inputs", "'T'"]),
+    ],
+    ids=["string", "int64", "bool", "two inputs"],
+)
+def test_inputs_fit_cannot_feed_are_reported_as_not_trainable(
+    tmp_path, capsys, elem_type, extra_input, words
+):
+    """inspect says "gradient graph: no" with the reason and the fix; fit and eval exit 2 with
+    the same reason (fit exited 1 with onnxruntime's "Unexpected input data type")."""
+    path = tmp_path / "inputs.onnx"
+    onnx.save(_cast_input_model(elem_type, extra_input), path)
     code, out, err = _run(capsys, "inspect", path)
     assert code == 0, err
     verdict = out.split("gradient graph:")[1]
     assert verdict.startswith(" no"), out
-    assert "'S'" in verdict
-    assert "string" in verdict
+    for word in words:
+        assert word in verdict, (word, verdict)
     X, y = _xy()
     np.savez(tmp_path / "d.npz", X=X, y=y)
-    code, _, err = _run(
-        capsys,
-        "fit",
-        path,
-        "--data",
-        tmp_path / "d.npz",
-        "--target",
-        "y",
-        "--quiet",
-        "--out",
-        tmp_path / "o.onnx",
-    )
-    _assert_one_line_error(code, err, "'S'", "string")
+    for command in ("fit", "eval"):
+        argv = [command, path, "--data", tmp_path / "d.npz", "--target", "y"]
+        if command == "fit":
+            argv += ["--quiet", "--out", tmp_path / "o.onnx"]
+        code, _, err = _run(capsys, *argv)
+        _assert_one_line_error(code, err, *words)
     assert not (tmp_path / "o.onnx").exists()
 
 

@@ -161,7 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--resume",
         action="store_true",
-        help="continue from the --checkpoint up to --epochs in all (same data and options)",
+        help=(
+            "continue from the --checkpoint up to --epochs in all; another --data, --batch-size, "
+            "--shuffle or --seed than the checkpoint's is refused"
+        ),
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_fit)
@@ -282,6 +285,10 @@ def _output_name(model: ModelProto, index: int) -> str:
     return outputs[index]
 
 
+#: input element types fit and eval feed (the features, cast to the input's float type)
+_FED_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
+
+
 def _type_text(vi: onnx.ValueInfoProto) -> str:
     if not vi.type.HasField("tensor_type"):
         return str(helper.printable_type(vi.type))
@@ -297,26 +304,36 @@ def _type_text(vi: onnx.ValueInfoProto) -> str:
 def input_problem(model: ModelProto) -> str | None:
     """Why ``fit`` and ``eval`` cannot feed the graph's inputs, or None.
 
-    They feed numbers read from a .csv or .npz: a string input (or a sequence or map) would pass
-    the gradient check (nothing is differentiated through it) and fail in onnxruntime at the
-    first step with "Unexpected input data type".
+    They feed one input, the features of a .csv or .npz as floating-point numbers: a graph
+    with a string, integer, bool or non-tensor input (or several inputs) passes the gradient
+    check (nothing is differentiated through them) and would fail in onnxruntime at the first
+    step with "Unexpected input data type".
     """
     inits = {i.name for i in model.graph.initializer}
-    for vi in model.graph.input:
-        if vi.name in inits:
-            continue
-        if not vi.type.HasField("tensor_type"):
-            return (
-                f"input {vi.name!r} is a {helper.printable_type(vi.type)}, not a tensor; ort-train feeds "
-                "numeric arrays: export the model with tensor inputs"
-            )
-        elem = vi.type.tensor_type.elem_type
-        if elem == onnx.TensorProto.STRING:
-            return (
-                f"input {vi.name!r} holds strings ({_type_text(vi)}); ort-train feeds numbers from a .csv "
-                "or .npz: encode the strings as numbers before the model (one-hot or ordinal codes) and "
-                "export the graph from its first numeric value on"
-            )
+    inputs = [vi for vi in model.graph.input if vi.name not in inits]
+    if len(inputs) != 1:
+        return (
+            f"the graph has {len(inputs)} inputs {[vi.name for vi in inputs]}; ort-train fit and eval "
+            "feed one, the features of the .csv or .npz"
+        )
+    vi = inputs[0]
+    if not vi.type.HasField("tensor_type"):
+        return (
+            f"input {vi.name!r} is a {helper.printable_type(vi.type)}, not a tensor; ort-train feeds "
+            "numeric arrays: export the model with a tensor input"
+        )
+    elem = vi.type.tensor_type.elem_type
+    if elem == onnx.TensorProto.STRING:
+        return (
+            f"input {vi.name!r} holds strings ({_type_text(vi)}); ort-train feeds numbers from a .csv "
+            "or .npz: encode the strings as numbers before the model (one-hot or ordinal codes) and "
+            "export the graph from its first numeric value on"
+        )
+    if elem and elem not in _FED_TYPES:
+        return (
+            f"input {vi.name!r} takes {_type_text(vi)}; ort-train fit and eval feed the features as "
+            "floating-point numbers: give the graph a float input and Cast it inside"
+        )
     return None
 
 
