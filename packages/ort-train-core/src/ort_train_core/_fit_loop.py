@@ -213,7 +213,15 @@ class BaseOrtTrainer(ParamsMixin):
         RNG, loss history and early-stopping counters are restored, so the run ends with the
         weights an uninterrupted fit would have. A checkpoint holds the state at the end of a
         complete epoch (a Ctrl-C mid-epoch saves the previous epoch end): the steps of a partial
-        epoch are done again."""
+        epoch are done again.
+
+        A checkpoint records what decides the final weights: ``batch_size``, ``shuffle``,
+        ``random_state`` and a fingerprint of the data (shapes, dtypes and 64 evenly spaced rows
+        of X, y and sample weights, and of the validation data). One written with other values
+        is refused with :class:`~ort_train_core.exceptions.CheckpointMismatchError` (a
+        ValueError naming the parameter) before anything is restored. A checkpoint of an
+        earlier version, which recorded no seed nor data fingerprint, resumes with a
+        UserWarning."""
         if self._checkpoint_path() is None:
             raise ValueError("resume reads checkpoint_dir/checkpoint.npz: set checkpoint_dir")
         return self._fit(X, y, sample_weight, X_val, y_val, sample_weight_val, resume=True)
