@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from sklearn.datasets import load_breast_cancer, load_iris
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.linear_model import LogisticRegression, SGDClassifier
+from sklearn.linear_model import LinearRegression, LogisticRegression, SGDClassifier
 from sklearn.metrics import log_loss
 from sklearn.model_selection import cross_val_score
 from sklearn.neural_network import MLPClassifier
@@ -264,3 +264,28 @@ def test_onnx_model_classifier_resumes(tmp_path: Any) -> None:
     np.testing.assert_array_equal(resumed.classes_, model.classes_)
     for name, value in straight.weights_.items():
         np.testing.assert_allclose(resumed.weights_[name], value, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("kind", ["regressor", "classifier"])
+def test_onnx_model_with_nan_weights_is_named(kind: str) -> None:
+    """A model whose weights hold NaN: the error names them (it said the conversion did not
+    reproduce the model's prediction)."""
+    from onnx import numpy_helper
+
+    from ort_train_sklearn import OnnxModelRegressor
+    from ort_train_sklearn._convert import to_trainable_graph
+
+    X, y = _data(3)
+    if kind == "regressor":
+        est: Any = OnnxModelRegressor
+        fitted: Any = LinearRegression().fit(X, y.astype(np.float64))
+    else:
+        est = OnnxModelClassifier
+        fitted = LogisticRegression(max_iter=200).fit(X, y)
+    model = to_trainable_graph(fitted, X[:1]).model
+    coef = next(i for i in model.graph.initializer if i.name == "coef")
+    values = numpy_helper.to_array(coef).copy()
+    values.flat[0] = np.nan
+    coef.CopyFrom(numpy_helper.from_array(values, "coef"))
+    with pytest.raises(ValueError, match=r"'coef' \(1 of \d+ values\).*NaN or inf"):
+        est(model).fit(X, y)

@@ -17,9 +17,10 @@ from typing import Any, Protocol
 
 import numpy as np
 import onnx
-from onnx import ModelProto
+from onnx import ModelProto, numpy_helper
 
-from ._data import BatchStore, DataSpec, check_fit_arrays
+from ._data import BatchStore, DataSpec, _count_non_finite, check_fit_arrays
+from ._data import _all_finite as _array_finite
 from ._params import ParamsMixin
 from ._runtime import Device, parse_device
 from .callbacks import Callback, EarlyStopping, EpochPrinter, ProgressBar
@@ -261,7 +262,15 @@ class BaseOrtTrainer(ParamsMixin):
                 f"learning rate changed ({previous_lr} -> {lr!r}); fit with warm_start=False to restart"
             )
         if not continuing:
-            self._state = self._initial_state()
+            initial = self._initial_state()
+            bad = describe_non_finite(initial.weights)
+            if bad:  # the loss would be NaN from the first step, whatever the learning rate
+                raise ValueError(
+                    f"the initial values of {bad} hold NaN or inf before any training step: "
+                    "re-initialise these weights in the model with finite values (or, in Python, "
+                    "give finite ones with set_state() and fit with warm_start=True)"
+                )
+            self._state = initial
             self._rng = np.random.default_rng(self.random_state)
             self.n_iter_ = 0
             self.train_losses_: list[float] = []
@@ -417,7 +426,27 @@ class BaseOrtTrainer(ParamsMixin):
         as the trainer's state, and returns the error to raise."""
         runner.restore(snapshot)
         self._state = snapshot
+        # at the very first step a NaN constant is the likelier cause than the learning rate
+        nan = self._nan_constants(set(snapshot.weights)) if epoch == 0 and batch == 0 else ""
+        if nan:
+            message = (
+                f"the loss is NaN from the first step: the initializers not trained {nan} hold NaN, "
+                "whatever the learning rate; fix them in the model (the trained weights were "
+                "restored to their initial values)"
+            )
         return ConvergenceError(message, epoch=epoch, batch=batch)
+
+    def _nan_constants(self, trained: set[str]) -> str:
+        """The float initializers outside ``trained`` that hold NaN, described; only NaN: an inf
+        constant is common and harmless (a mask added before a softmax)."""
+        constants = {
+            i.name: numpy_helper.to_array(i)
+            for i in self._prediction_model().graph.initializer
+            if i.name not in trained
+            and i.data_type in _FLOAT_TYPES
+            and i.data_location != onnx.TensorProto.EXTERNAL  # not in memory: not read here
+        }
+        return describe_non_finite({k: v for k, v in constants.items() if np.isnan(v).any()})
 
     # ---- state -----------------------------------------------------------------------
     def _current_state(self) -> TrainingState:
@@ -596,6 +625,29 @@ class BaseOrtTrainer(ParamsMixin):
 
 
 _BIT_GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")
+_FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
+
+
+def describe_non_finite(weights: Mapping[str, np.ndarray]) -> str:
+    """``"'W' (2 of 6 values), 'b' (1 of 3 values)"`` for the float arrays holding NaN or inf;
+    an empty string when there is none.
+
+    Parameters
+    ----------
+    weights : mapping of str to ndarray
+        Arrays by name.
+
+    Returns
+    -------
+    str
+        The names and counts, for an error or warning message.
+    """
+    bad = [
+        f"{name!r} ({_count_non_finite(value)} of {value.size} values)"
+        for name, value in weights.items()
+        if np.issubdtype(value.dtype, np.floating) and not _array_finite(value)
+    ]
+    return ", ".join(bad)
 
 
 def _loss_diverged(loss: float, epoch: int, batch: int) -> str:

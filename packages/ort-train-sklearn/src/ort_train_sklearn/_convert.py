@@ -57,10 +57,12 @@ import onnx
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
 from ort_train_core import GraphNotDifferentiableError, load_model
+from ort_train_core._fit_loop import describe_non_finite
 from ort_train_core.graph import (
     all_names,
     ancestors,
     default_weights_to_train,
+    initializer_values,
     normalise_model,
     prune_to_outputs,
 )
@@ -325,10 +327,16 @@ def _from_onnx(
     work = _rename(work, x_info.name, INPUT_NAME)
     _finalise(work)
     output_name = work.graph.output[0].name
-    _check_outputs(work, sample, reference, kind, probability)
     weights = default_weights_to_train(work, output_name)
     if not weights:
         raise ValueError(f"output {output_name!r} depends on no float initializer: there is nothing to train")
+    bad = describe_non_finite(initializer_values(work, weights))
+    if bad:  # checked first: NaN predictions would fail the comparison below with no reason given
+        raise ValueError(
+            f"the model's weights {bad} hold NaN or inf, so its predictions do too: re-initialise "
+            "them with finite values (or refit the scikit-learn model) before training"
+        )
+    _check_outputs(work, sample, reference, kind, probability)
     return TrainableGraph(
         model=work,
         kind=kind,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import keyword
 import os
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ from torch import nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from ort_train_core import OrtGradientForwardBackward, load_model
+from ort_train_core._fit_loop import describe_non_finite
 from ort_train_core._runtime import C
 from ort_train_core.exceptions import GraphNotDifferentiableError
 from ort_train_core.graph import (
@@ -263,6 +265,15 @@ class OnnxModule(nn.Module):
         attrs = _attribute_names(weights)
         self.onnx_names: dict[str, str] = dict(zip(attrs, weights))
         values = initializer_values(model, weights)
+        bad = describe_non_finite(values)
+        if bad:  # not an error: torch modules are often built first and initialised after
+            warnings.warn(
+                f"OnnxModule: the initializers {bad} hold NaN or inf: outputs and gradients will be "
+                "NaN; load finite values (load_state_dict) or re-initialise the parameters "
+                "(torch.nn.init) before training",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         for attr, name in self.onnx_names.items():
             self.register_parameter(attr, nn.Parameter(torch.from_numpy(np.array(values[name], copy=True))))
         self._graphs: dict[tuple[str, tuple[str, ...]], OrtGradientForwardBackward] = {("cpu", ()): probe}
