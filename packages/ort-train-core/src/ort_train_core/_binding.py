@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from onnx import ModelProto
 
+from ._io import check_no_external_data
 from ._runtime import C, Device
 
 
@@ -140,6 +141,8 @@ def make_session(
     if key in _SESSIONS:
         _SESSIONS.move_to_end(key)
         return _SESSIONS[key]
+    # bytes have no folder: onnxruntime would resolve external data against the working directory
+    check_no_external_data(model)
     so = C.SessionOptions()
     so.log_severity_level = 3
     so.enable_mem_pattern = reuse_memory

@@ -18,7 +18,14 @@ from onnx import ModelProto, helper, numpy_helper
 from ._builder import NodeBuilder
 from ._runtime import C
 from .exceptions import GraphNotDifferentiableError
-from .graph import MAX_IR_VERSION, MIN_OPSET, all_names, check_differentiable, value_types
+from .graph import (
+    MAX_IR_VERSION,
+    MIN_OPSET,
+    all_names,
+    check_differentiable,
+    check_no_control_flow,
+    value_types,
+)
 from .learning_rate import BaseLearningRate
 from .losses import BaseLearningLoss, BaseLearningPenalty
 
@@ -34,6 +41,7 @@ class OrtGradientGraphBuilderBackend:
 
     def gradient_graph(self, model: ModelProto, loss_name: str, names: Sequence[str]) -> ModelProto:
         check_differentiable(model, names, loss_name)
+        check_no_control_flow(model, names, loss_name)  # else raw C++ text or a process abort
         seeded, seed = _float_loss_seed(model, loss_name)
         so = C.SessionOptions()
         so.log_severity_level = 3

@@ -26,6 +26,7 @@ from typing import Any, BinaryIO
 import numpy as np
 from onnx import ModelProto
 
+from ._io import check_regular_file
 from ._npz import read_npz
 
 #: the file a trainer with ``checkpoint_dir`` writes in that folder
@@ -146,7 +147,7 @@ def _remove_stale_temporaries(folder: str, prefix: str) -> None:
 
 def read_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """(arrays, meta) of a checkpoint; ValueError when the file is not one."""
-    path = os.fspath(path)
+    path = check_regular_file(path, "checkpoint")  # a FIFO would block the read
     # not a zip, truncated, headers that are missing, forged or declare pickled objects:
     # ValueError naming the file, before any allocation a header merely claims
     arrays = read_npz(path, "checkpoint")

@@ -21,7 +21,7 @@ import onnx
 from onnx import ModelProto, helper
 
 from ._data import DataSpec, check_fit_arrays
-from ._io import load_model
+from ._io import check_regular_file, load_model
 from ._npz import read_npz
 from .checkpoint import CHECKPOINT_FILE, check_writable_folder, write_atomically
 from .exceptions import CheckpointMismatchError, ConvergenceError, CudaUnavailableError
@@ -196,6 +196,7 @@ def load_table(path: str, target: str) -> tuple[np.ndarray, np.ndarray, list[str
     """(features, target, feature names) from a .csv with a header or an .npz."""
     if not os.path.exists(path):
         raise FileNotFoundError(2, f"data file not found: {path}", path)
+    check_regular_file(path, "data file")  # a FIFO would block the read, /dev/zero never end
     suffix = os.path.splitext(path)[1].lower()
     if suffix == ".npz":
         return _load_npz(path, target)

@@ -12,6 +12,7 @@ import onnx
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 from ._builder import FLOAT_TYPES, NodeBuilder
+from ._io import validate_model
 from .exceptions import GraphNotDifferentiableError
 from .losses import BaseLearningLoss, BaseLearningPenalty, ElasticLearningPenalty, make_loss, reduce_rows
 
@@ -44,8 +45,20 @@ def _opset(model: ModelProto, domain: str = "") -> int:
 
 
 def normalise_model(model: ModelProto) -> ModelProto:
-    """A copy with IR version <= 10 and a default opset in [13, 21], as onnxruntime 1.19 needs."""
+    """A copy with IR version <= 10 and a default opset in [13, 21], as onnxruntime 1.19 needs.
+
+    Every model, from a file or in memory, enters here: :func:`._io.validate_model` refuses
+    external data, control flow nested too deep and malformed graphs with a ValueError before
+    onnx or onnxruntime see them. Nodes listed out of order are sorted (onnx's checker wants
+    them sorted; onnxruntime sorts them itself)."""
+    order = validate_model(model)
     model = _copy(model)
+    if order != list(range(len(order))):
+        nodes = [onnx.NodeProto() for _ in order]
+        for node, i in zip(nodes, order, strict=True):
+            node.CopyFrom(model.graph.node[i])
+        model.graph.ClearField("node")
+        model.graph.node.extend(nodes)
     # one import per domain, the highest (skl2onnx without target_opset writes one twice)
     versions: dict[str, int] = {}
     for op in model.opset_import:
@@ -205,7 +218,13 @@ def add_loss_output(
         "score_name",
         score_name if isinstance(score_name, str) else type(score_name).__name__,
     )
-    onnx.checker.check_model(model)
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:  # a rule validate_model does not check
+        raise ValueError(
+            f"the model breaks a rule of ONNX ({str(exc).splitlines()[0]}); "
+            "check it with onnx.checker.check_model and export it again"
+        ) from exc
     return model
 
 
@@ -337,10 +356,8 @@ def differentiable_ancestors(
 
 
 def _outer_names(graph: onnx.GraphProto) -> list[str]:
-    names: list[str] = []
-    for node in graph.node:
-        names.extend(i for i in node.input if i)
-    return names
+    # nested subgraphs included: a weight read two levels down is still a dependency
+    return sorted(_reads(graph))
 
 
 def float_initializers(model: ModelProto) -> dict[str, onnx.TensorProto]:
@@ -440,6 +457,58 @@ def check_precision(weights: Sequence[str], types: Mapping[str, int]) -> None:
             "(mixed precision is not supported yet); convert the graph to float32 (for example "
             "onnxconverter_common.float16.convert_float16_to_float32 or a float32 export), "
             "train it, then convert the trained graph back to float16"
+        )
+
+
+#: operators whose subgraphs onnxruntime-training's single-graph gradient builder cannot
+#: differentiate: a weight read inside one is "not found" (GetIndexFromName), a gradient through
+#: one aborts the process; its forward/backward builder (the partial loop) handles them
+CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
+
+
+def _reads(graph: onnx.GraphProto) -> set[str]:
+    """Every name the nodes of a graph and of its nested subgraphs read."""
+    names = {i for node in graph.node for i in node.input if i}
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                names |= _reads(sub)
+    return names
+
+
+def check_no_control_flow(
+    model: ModelProto, weights: Sequence[str], output: str, types: Mapping[str, int] | None = None
+) -> None:
+    """Raises when a control-flow node (:data:`CONTROL_FLOW_OPS`) reads a weight, or a value
+    computed from one, on the way to ``output``: the single-graph gradient builder fails there
+    with raw C++ text or aborts the process, while the partial loop trains such graphs."""
+    _, needed = differentiable_ancestors(model, [output], types)
+    reached = set(weights)
+    blocking = []
+    for idx, node in enumerate(model.graph.node):
+        reads = {i for i in node.input if i}
+        subgraph_reads: set[str] = set()
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                subgraph_reads |= _reads(sub)
+        if not (reads | subgraph_reads) & reached:
+            continue
+        reached.update(node.output)
+        if idx in needed and node.domain in ("", "ai.onnx") and node.op_type in CONTROL_FLOW_OPS:
+            inside = sorted(subgraph_reads & set(weights))
+            what = (
+                f"reads weight(s) {inside} inside its subgraphs"
+                if inside
+                else "lies between the weights and the loss"
+            )
+            blocking.append(f"node {node.name or node.output[0]!r} ({node.op_type}) {what}")
+    if blocking:
+        raise GraphNotDifferentiableError(
+            f"the fused training loop cannot differentiate through control flow: {'; '.join(blocking)}. "
+            "onnxruntime-training's single-graph gradient builder has no gradient for If/Loop/Scan "
+            "subgraphs; its forward/backward builder has: train this graph with the partial loop "
+            "(OrtGradientForwardBackwardOptimizer, training='partial' in the scikit-learn estimators, "
+            "or OnnxModule), or leave those weights out of weights_to_train"
         )
 
 
