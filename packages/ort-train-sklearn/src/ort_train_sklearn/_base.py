@@ -388,9 +388,10 @@ class OrtClassifierMixin(OrtEstimatorMixin):
         out: np.ndarray = scores.ravel() if scores.shape[1] == 1 else scores
         return out
 
-    def _shifted_logits(self, X: Any) -> np.ndarray:
+    def _shifted_logits(self, X: Any) -> tuple[np.ndarray, np.dtype]:
         """The logits in float64, one column per class (a binary model's one logit z as the
-        pair [0, z]), minus each row's largest (so that exp() cannot overflow)."""
+        pair [0, z]), minus each row's largest (so that exp() cannot overflow); and X's float
+        type, that of the result."""
         (scores,) = self._run("raw", X)
         # float32 logits are exact in float64; an inf (an overflowed float32 sum) becomes the
         # largest float32 so that the differences below stay numbers instead of NaN
@@ -398,15 +399,15 @@ class OrtClassifierMixin(OrtEstimatorMixin):
         z = np.clip(scores.astype(np.float64), -bound, bound)
         if z.shape[1] == 1:
             z = np.column_stack([np.zeros(len(z)), z])
-        shifted: np.ndarray = z - z.max(axis=1, keepdims=True)
-        return shifted
+        return z - z.max(axis=1, keepdims=True), scores.dtype
 
     def predict_proba(self, X: Any) -> np.ndarray:
         """Class probabilities, columns in the order of ``classes_``.
 
-        The softmax of the logits (the sigmoid of a binary model's one logit), computed and
-        returned in float64 whatever X's float type, so that each row sums to 1 within float64
-        rounding (scikit-learn's ``log_loss`` checks it; a cast to float32 would undo it).
+        The softmax of the logits (the sigmoid of a binary model's one logit), computed in
+        float64 so that each row sums to 1 within the rounding of the returned type (scikit-
+        learn's ``log_loss`` checks it): X's float type, as scikit-learn's MLPs return (float64
+        input: within 1e-15; float32 input: float32, within 1e-7).
 
         Parameters
         ----------
@@ -416,10 +417,11 @@ class OrtClassifierMixin(OrtEstimatorMixin):
         Returns
         -------
         ndarray of shape (n_samples, n_classes)
-            Probabilities, float64.
+            Probabilities, in X's float type.
         """
-        e = np.exp(self._shifted_logits(X))
-        out: np.ndarray = e / e.sum(axis=1, keepdims=True)
+        shifted, dtype = self._shifted_logits(X)
+        e = np.exp(shifted)
+        out: np.ndarray = (e / e.sum(axis=1, keepdims=True)).astype(dtype, copy=False)
         return out
 
     def predict_log_proba(self, X: Any) -> np.ndarray:
@@ -434,10 +436,11 @@ class OrtClassifierMixin(OrtEstimatorMixin):
         Returns
         -------
         ndarray of shape (n_samples, n_classes)
-            Log-probabilities, float64.
+            Log-probabilities, in X's float type.
         """
-        shifted = self._shifted_logits(X)
-        out: np.ndarray = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        shifted, dtype = self._shifted_logits(X)
+        log_proba = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        out: np.ndarray = log_proba.astype(dtype, copy=False)
         return out
 
     def predict(self, X: Any) -> np.ndarray:
