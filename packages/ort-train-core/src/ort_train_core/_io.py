@@ -539,6 +539,23 @@ def _parse(data: bytes, source: str) -> onnx.ModelProto:
     return model
 
 
+def _read_bounded(f: BinaryIO, size: int, limit: int) -> bytes:
+    """At most ``limit + 1`` bytes of ``f`` (one more than allowed tells the caller it is too big).
+
+    ``size`` is the file's st_size: a file read once at that size allocates just its bytes
+    (``f.read(limit + 1)`` would allocate the whole limit, 2 GB, for any model). st_size is 0
+    for /proc files and may be stale for a growing file: the rest is read in bounded chunks.
+    """
+    first = f.read(min(size, limit) + 1)
+    if len(first) <= size:  # end of file reached before the one extra byte asked for
+        return first
+    chunks, total = [first], len(first)
+    while chunks[-1] and total <= limit:
+        chunks.append(f.read(min(1 << 24, limit + 1 - total)))
+        total += len(chunks[-1])
+    return b"".join(chunks)
+
+
 def _read_model_file(path: str) -> bytes:
     if not os.path.exists(path):
         raise FileNotFoundError(errno.ENOENT, f"ONNX model file not found: {path}", path)
@@ -548,8 +565,7 @@ def _read_model_file(path: str) -> bytes:
         size = os.fstat(f.fileno()).st_size
         if size > MAX_MODEL_BYTES:
             raise _too_big(path, size)
-        # st_size is 0 for /proc files and may be stale: the read itself is bounded
-        data = f.read(MAX_MODEL_BYTES + 1)
+        data = _read_bounded(f, size, MAX_MODEL_BYTES)
     if len(data) > MAX_MODEL_BYTES:
         raise _too_big(path, len(data))
     return data
