@@ -353,3 +353,18 @@ def test_killed_run_resumes_to_the_uninterrupted_weights(files, tmp_path, capsys
     code, _, err = _run(capsys, "fit", *common, "--out", tmp_path / "straight.onnx")
     assert code == 0, err
     _assert_same_weights(tmp_path / "straight.onnx", tmp_path / "resumed.onnx")
+
+
+def test_eval_metrics_of_extreme_logits_are_finite_without_warnings() -> None:
+    """Binary logits of +-1000: the sigmoid overflowed (RuntimeWarning, an error under the suite's
+    filterwarnings) before it was written with tanh; the log loss is scikit-learn's."""
+    from sklearn.metrics import log_loss
+
+    from ort_train_core.cli import classification_metrics
+
+    logits = np.array([[-1000.0], [1000.0], [-2.0], [3.0]])
+    y = np.array([0, 1, 1, 0])
+    got = classification_metrics(logits, y, "cross_entropy")
+    p1 = np.array([0.0, 1.0, 1 / (1 + np.exp(2.0)), 1 / (1 + np.exp(-3.0))])
+    assert got["accuracy"] == 0.5
+    np.testing.assert_allclose(got["log_loss"], log_loss(y, np.clip(p1, 1e-15, 1 - 1e-15)), rtol=1e-12)

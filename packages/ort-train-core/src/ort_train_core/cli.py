@@ -570,7 +570,8 @@ def classification_metrics(output: np.ndarray, y: np.ndarray, loss: str) -> dict
         raise _UsageError("a classification target holds class indices 0..K-1")
     labels = y.astype(np.int64).ravel()
     if out.shape[1] == 1:
-        p1 = out[:, 0] if loss == "log" else 1 / (1 + np.exp(-out[:, 0]))
+        # tanh form of the sigmoid: 1 / (1 + exp(-z)) overflows (a RuntimeWarning) for z < -709
+        p1 = out[:, 0] if loss == "log" else 0.5 * (1.0 + np.tanh(0.5 * out[:, 0]))
         probs = np.column_stack([1 - p1, p1])
     elif loss == "log":
         probs = out

@@ -812,7 +812,8 @@ def _output_shape(model: ModelProto, x_name: str, sample: np.ndarray) -> tuple[i
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
-    return np.asarray(1.0 / (1.0 + np.exp(-z)))
+    # the tanh form: 1 / (1 + exp(-z)) overflows (a RuntimeWarning) for z < -709
+    return np.asarray(0.5 * (1.0 + np.tanh(0.5 * z)))
 
 
 def _softmax(z: np.ndarray) -> np.ndarray:
