@@ -16,6 +16,7 @@ import onnx
 from onnx import ModelProto, helper, numpy_helper
 
 from ._builder import NodeBuilder
+from ._grad_rewrites import rewrite_for_gradient
 from ._runtime import C
 from .exceptions import GraphNotDifferentiableError
 from .graph import (
@@ -42,6 +43,7 @@ class OrtGradientGraphBuilderBackend:
     def gradient_graph(self, model: ModelProto, loss_name: str, names: Sequence[str]) -> ModelProto:
         check_differentiable(model, names, loss_name)
         check_no_control_flow(model, names, loss_name)  # else raw C++ text or a process abort
+        model = rewrite_for_gradient(model, names)  # forms onnxruntime differentiates wrongly
         seeded, seed = _float_loss_seed(model, loss_name)
         so = C.SessionOptions()
         so.log_severity_level = 3
@@ -52,10 +54,9 @@ class OrtGradientGraphBuilderBackend:
             builder.build()
         except Exception as exc:  # onnxruntime raises RuntimeError/Fail with C++ context
             text = str(exc)
-            missing = re.findall(r"has not been registered: (\S+) for node (\S+)", text)
-            if missing:
-                detail = "; ".join(f"operator {op} (node {node!r}) has no gradient" for op, node in missing)
-                raise GraphNotDifferentiableError(f"the gradient graph cannot be built; {detail}") from exc
+            gap = _gradient_gap(text)
+            if gap:
+                raise GraphNotDifferentiableError(gap) from exc
             raise GraphNotDifferentiableError(
                 f"onnxruntime could not build the gradient graph: {text.splitlines()[0]}"
             ) from exc
@@ -241,6 +242,25 @@ _NO_GRADIENT_MESSAGES = (
 )
 
 
+#: onnxruntime-training's words for an operator it has no gradient for (the node name is empty
+#: for an unnamed node)
+_NOT_REGISTERED = re.compile(r"has not been registered: (\S+) for node ?(\S*)")
+
+
+def _gradient_gap(text: str) -> str | None:
+    """The message, naming the operator and the fix, for an onnxruntime error that says an
+    operator on the path to the loss has no gradient; None for other errors."""
+    missing = _NOT_REGISTERED.findall(text)
+    if missing:
+        named = [f"operator {op}" + (f" (node {node!r})" if node else "") for op, node in missing]
+        detail = "; ".join(f"{what} has no gradient in onnxruntime-training" for what in named)
+        return (
+            f"the gradient graph cannot be built; {detail}: leave the weights before it out of "
+            "weights_to_train, or write that step with operators that have one"
+        )
+    return None
+
+
 def _build_error(exc: Exception, weights: Sequence[str]) -> GraphNotDifferentiableError:
     """onnxruntime's build failure as a GraphNotDifferentiableError; one that comes down to a
     weight without gradient names it (``.weight``) and the fix."""
@@ -255,6 +275,9 @@ def _build_error(exc: Exception, weights: Sequence[str]) -> GraphNotDifferentiab
                 "bounds, a comparison); leave it out of weights_to_train",
                 weight=weight,
             )
+    gap = _gradient_gap(message)
+    if gap:
+        return GraphNotDifferentiableError(gap)
     first = message.splitlines()[0] if message else type(exc).__name__
     return GraphNotDifferentiableError(f"onnxruntime could not build the forward/backward graphs: {first}")
 
@@ -275,9 +298,11 @@ def build_forward_backward(
     cfg.initializer_names = list(weights)
     cfg.initializer_names_to_train = list(weights)
     cfg.input_names_require_grad = list(inputs_requiring_grad)
+    # forms onnxruntime differentiates wrongly, rewritten (same names, values and weights)
+    rewritten = rewrite_for_gradient(model, [*weights, *inputs_requiring_grad])
     builder = C.OrtModuleGraphBuilder()
     try:
-        builder.initialize(model.SerializeToString(), cfg)
+        builder.initialize(rewritten.SerializeToString(), cfg)
         builder.build(C.TrainingGraphTransformerConfiguration())
     except Exception as exc:
         raise _build_error(exc, weights) from exc
