@@ -60,7 +60,8 @@ ValueInfo = tuple[int, list[int | None]]
 @dataclass
 class _Graph:
     """What the rewrites read about the graph: the type and shape of the inputs of the nodes
-    to rewrite (declared or inferred), and the integer constants."""
+    to rewrite (declared or inferred), the integer constants (when a Slice is to rewrite),
+    and which values the differentiated names reach."""
 
     model: ModelProto
     #: the weights and inputs whose gradient is wanted, in the caller's order
@@ -97,7 +98,8 @@ def rewrite_for_gradient(model: ModelProto, differentiated: Sequence[str]) -> Mo
     if not found:
         return model
     infos = _value_infos(model, {i for k in found for i in nodes[k].input if i})
-    graph = _Graph(model, list(differentiated), infos, _constants(model), reached)
+    consts = _constants(model) if any(nodes[k].op_type == "Slice" for k in found) else {}
+    graph = _Graph(model, list(differentiated), infos, consts, reached)
     b = NodeBuilder(onnx.TensorProto.FLOAT, 13, all_names(model), prefix="gradfix_")
     new_nodes: list[onnx.NodeProto] = []
     for k, node in enumerate(nodes):
