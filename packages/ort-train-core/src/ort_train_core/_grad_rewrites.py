@@ -51,7 +51,7 @@ from onnx import ModelProto, helper, numpy_helper
 
 from ._builder import NodeBuilder
 from .exceptions import GraphNotDifferentiableError
-from .graph import all_names, ancestors
+from .graph import all_names, ancestors, infer_without_data
 
 #: (element type, dimensions: a size, or None when not fixed) of a value
 ValueInfo = tuple[int, list[int | None]]
@@ -323,22 +323,8 @@ def _value_infos(model: ModelProto, names: set[str]) -> dict[str, ValueInfo]:
     infos.update(_declared([*g.input, *g.value_info, *g.output], names))
     if names <= set(infos):
         return infos
-    light = ModelProto()
-    light.ir_version = model.ir_version
-    light.opset_import.extend(model.opset_import)
-    light.functions.extend(model.functions)
-    light.graph.node.extend(g.node)
-    light.graph.input.extend(g.input)
-    light.graph.output.extend(g.output)
-    declared = {i.name for i in g.input}
-    light.graph.input.extend(
-        helper.make_tensor_value_info(i.name, i.data_type, list(i.dims))
-        for i in g.initializer
-        if i.name not in declared
-    )
-    try:
-        inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False).graph
-    except Exception:  # a graph onnx cannot infer: what it declares
+    inferred = infer_without_data(model)
+    if inferred is None:  # a graph onnx cannot infer: what it declares
         return infos
     for name, info in _declared(inferred.value_info, names).items():
         infos.setdefault(name, info)

@@ -301,12 +301,10 @@ NO_GRADIENT_INPUTS: dict[str, frozenset[int]] = {
 }
 
 
-def value_types(model: ModelProto) -> dict[str, int]:
-    """The element type of every tensor value onnx declares or infers; values it cannot type
-    (operators of domains it has no schema for) are left out.
-
-    Inference runs on a copy without the initializers' data (their types and shapes stay as
-    graph inputs): a model zoo graph's weights need not be serialised for it."""
+def infer_without_data(model: ModelProto) -> onnx.GraphProto | None:
+    """onnx's shape inference of ``model``, run on a copy without the initializers' data (their
+    types and shapes declared as graph inputs): a model zoo graph's weights need not be
+    serialised for it. None when onnx cannot infer the graph."""
     g = model.graph
     light = ModelProto()
     light.ir_version = model.ir_version
@@ -323,9 +321,19 @@ def value_types(model: ModelProto) -> dict[str, int]:
         if i.name not in declared
     )
     try:
-        inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False).graph
-    except Exception:  # a graph onnx cannot infer: what it declares
-        inferred = light.graph
+        return onnx.shape_inference.infer_shapes(light, strict_mode=False).graph
+    except Exception:  # a graph onnx cannot infer
+        return None
+
+
+def value_types(model: ModelProto) -> dict[str, int]:
+    """The element type of every tensor value onnx declares or infers; values it cannot type
+    (operators of domains it has no schema for) are left out.
+
+    Inference runs on a copy without the initializers' data (their types and shapes stay as
+    graph inputs): a model zoo graph's weights need not be serialised for it."""
+    g = model.graph
+    inferred = infer_without_data(model) or g
     types = {i.name: i.data_type for i in g.initializer}
     for vi in [*inferred.input, *inferred.value_info, *inferred.output]:
         if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
