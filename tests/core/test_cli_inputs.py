@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import signal
 import stat
 import subprocess
 import sys
@@ -344,7 +345,13 @@ def test_ctrl_c_during_imports_exits_130_with_one_line(tmp_path):
     )
     env = {**os.environ, "PYTHONPATH": str(fake.parent)}
     proc = subprocess.run(
-        [str(script), "inspect", "m.onnx"], env=env, capture_output=True, text=True, timeout=120
+        [str(script), "inspect", "m.onnx"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        # a suite started in the background inherits SIGINT ignored: the child must receive it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert proc.returncode == 130, proc.stderr
     assert proc.stderr.strip() == "ort-train: interrupted", proc.stderr

@@ -29,6 +29,15 @@ def _linear(coef: np.ndarray, intercept: np.ndarray):
     return model
 
 
+@pytest.fixture(autouse=True)
+def _sigint_delivered():  # type: ignore[no-untyped-def]
+    """Python's own SIGINT handler for the test: a suite started in the background (``cmd &``)
+    inherits SIGINT ignored, and the signal the test sends would never arrive."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 class _InterruptAfterEpoch(Callback):
     def __init__(self, epoch: int) -> None:
         self.epoch = epoch
