@@ -227,6 +227,58 @@ class BaseOrtTrainer(ParamsMixin):
             raise ValueError("resume reads checkpoint_dir/checkpoint.npz: set checkpoint_dir")
         return self._fit(X, y, sample_weight, X_val, y_val, sample_weight_val, resume=True)
 
+    def prepare(
+        self,
+        X: Any,
+        y: Any,
+        sample_weight: Any = None,
+        X_val: Any = None,
+        y_val: Any = None,
+        sample_weight_val: Any = None,
+    ) -> BaseOrtTrainer:
+        """Builds the graphs and sessions a fit of this data would use, without training.
+
+        A later :meth:`fit` with data of the same shapes finds them built, so that a benchmark
+        can time the training steps alone. The weights, history and state are left untouched.
+
+        Parameters
+        ----------
+        X, y, sample_weight, X_val, y_val, sample_weight_val : array-like or None
+            The arguments :meth:`fit` will receive (checked as fit checks them); the number of
+            rows and ``batch_size`` decide which batch sizes get a graph.
+
+        Returns
+        -------
+        BaseOrtTrainer
+            ``self``.
+        """
+        device, lr = self._validate_params()
+        self._prepare_graphs(device, lr)
+        data, validation = self._checked_data(X, y, sample_weight, X_val, y_val, sample_weight_val)
+        self._make_runner(self._batch_store(data, device), self._initial_state(), device, lr, validation)
+        return self
+
+    def _checked_data(
+        self, X: Any, y: Any, sample_weight: Any, X_val: Any, y_val: Any, sample_weight_val: Any
+    ) -> tuple[
+        tuple[np.ndarray, np.ndarray, np.ndarray | None],
+        tuple[np.ndarray, np.ndarray, np.ndarray | None] | None,
+    ]:
+        """The training and validation arrays as fit uses them (validated, converted)."""
+        spec = self._data_spec()
+        data = check_fit_arrays(spec, X, y, sample_weight)
+        if (X_val is None) != (y_val is None):
+            raise ValueError("give both X_val and y_val, or neither")
+        if X_val is None:
+            return data, None
+        return data, check_fit_arrays(spec, X_val, y_val, sample_weight_val, prefix="validation ")
+
+    def _batch_store(
+        self, data: tuple[np.ndarray, np.ndarray, np.ndarray | None], device: Device
+    ) -> BatchStore:
+        arrays = [a for a in data if a is not None]
+        return BatchStore(arrays, int(self.batch_size), device, bool(self.shuffle))
+
     def _fit(
         self,
         X: Any,
@@ -239,13 +291,7 @@ class BaseOrtTrainer(ParamsMixin):
     ) -> BaseOrtTrainer:
         device, lr = self._validate_params()
         self._prepare_graphs(device, lr)
-        spec = self._data_spec()
-        Xc, yc, wc = check_fit_arrays(spec, X, y, sample_weight)
-        validation = None
-        if (X_val is None) != (y_val is None):
-            raise ValueError("give both X_val and y_val, or neither")
-        if X_val is not None:
-            validation = check_fit_arrays(spec, X_val, y_val, sample_weight_val, prefix="validation ")
+        (Xc, yc, wc), validation = self._checked_data(X, y, sample_weight, X_val, y_val, sample_weight_val)
         # what resume must find in the checkpoint, and what this fit's checkpoints record
         record = self._resume_record((Xc, yc, wc), validation)
         path = self._checkpoint_path()
@@ -279,8 +325,7 @@ class BaseOrtTrainer(ParamsMixin):
         n_epochs = int(self.max_iter) - self.n_iter_ if resuming else int(self.max_iter)
         if n_epochs <= 0:
             return self
-        arrays = [a for a in (Xc, yc, wc) if a is not None]
-        store = BatchStore(arrays, int(self.batch_size), device, bool(self.shuffle))
+        store = self._batch_store((Xc, yc, wc), device)
         runner = self._make_runner(store, self._state, device, lr, validation)
         self._run_epochs(
             runner,
