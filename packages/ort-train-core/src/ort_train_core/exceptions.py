@@ -10,7 +10,13 @@ from __future__ import annotations
 class TrainingRuntimeError(ImportError):
     """No usable *training* build of onnxruntime is installed.
 
-    It derives from ImportError because it is raised while ``ort_train_core`` is imported.
+    It derives from ImportError because it is raised while ``ort_train_core`` is imported; the
+    message names the pip commands that fix the installation.
+
+    Parameters
+    ----------
+    *args
+        As ImportError's: the message first.
     """
 
 
@@ -19,6 +25,22 @@ class ConvergenceError(RuntimeError):
 
     The trainer restored the weights and optimizer state of the last finite state (the end of
     the last complete epoch) before raising, so the model stays usable.
+
+    Parameters
+    ----------
+    message : str
+        What diverged and what to try (a smaller learning rate, scaled features).
+    epoch : int
+        The epoch of the step that diverged, from 0.
+    batch : int
+        The batch of that step within its epoch, from 0.
+
+    Attributes
+    ----------
+    epoch : int
+        As the parameter.
+    batch : int
+        As the parameter.
     """
 
     def __init__(self, message: str, epoch: int, batch: int) -> None:
@@ -28,13 +50,29 @@ class ConvergenceError(RuntimeError):
 
 
 class ConvergenceWarning(UserWarning):
-    """Training stopped at ``max_iter`` before the stopping criterion (``tol``) was met."""
+    """Training stopped at ``max_iter`` before the stopping criterion (``tol``) was met.
+
+    Parameters
+    ----------
+    *args
+        As UserWarning's: the message first.
+    """
 
 
 class GraphNotDifferentiableError(ValueError):
     """The gradient graph cannot be built: an operator on the path to the loss has no gradient.
 
-    ``weight``: the trained initializer onnxruntime gives no gradient, when that is the cause.
+    Parameters
+    ----------
+    message : str
+        The operators (or the weight) in the way and, where one exists, the fix.
+    weight : str, optional
+        The trained initializer onnxruntime gives no gradient, when that is the cause.
+
+    Attributes
+    ----------
+    weight : str or None
+        As the parameter.
     """
 
     def __init__(self, message: str, weight: str | None = None) -> None:
@@ -43,8 +81,16 @@ class GraphNotDifferentiableError(ValueError):
 
 
 class CudaUnavailableError(RuntimeError):
-    """A CUDA device was asked for but cannot be used: no NVIDIA driver, no GPU at that index,
-    or CUDA 11.8 / cuDNN 8 libraries missing. The message names what is missing and the fix."""
+    """A CUDA device was asked for but cannot be used.
+
+    No NVIDIA driver, no GPU at that index, or CUDA 11.8 / cuDNN 8 libraries missing. The
+    message names what is missing and the fix.
+
+    Parameters
+    ----------
+    *args
+        As RuntimeError's: the message first.
+    """
 
 
 class CheckpointMismatchError(ValueError):
@@ -58,8 +104,15 @@ class CheckpointMismatchError(ValueError):
     parameter : str
         The trainer parameter (``'batch_size'``, ``'shuffle'``, ``'random_state'``) or
         ``'data'`` / ``'validation_data'``.
-    saved, given
+    saved, given : object
         The checkpoint's value and this fit's (fingerprints for the data).
+
+    Attributes
+    ----------
+    parameter : str
+        As the parameter.
+    saved, given : object
+        As the parameters.
     """
 
     def __init__(self, message: str, parameter: str, saved: object, given: object) -> None:

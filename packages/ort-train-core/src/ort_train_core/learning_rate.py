@@ -19,28 +19,98 @@ _SCHEDULES = ("constant", "invscaling", "optimal")
 
 
 class BaseLearningRate(ParamsMixin):
-    #: names of the optimizer states kept per weight (same shape as the weight, zeros at start)
+    """A learning-rate schedule and the update rule of an optimiser.
+
+    Subclasses store their constructor arguments under the same names (scikit-learn's
+    ``get_params``/``set_params`` protocol) and write the update once as ONNX nodes
+    (:meth:`update_nodes`).
+
+    Attributes
+    ----------
+    eta0 : float
+        The initial learning rate.
+    state_names : tuple of str
+        The optimizer states kept per weight (same shape as the weight, zeros at the start):
+        ``()`` for SGD, ``('velocity',)`` for momentum, ``('moment1', 'moment2')`` for Adam.
+    scalar_names : tuple of str
+        The 0-d inputs the update reads, whose values :meth:`scalar_values` gives.
+    scalars_change_every_step : bool
+        True when the scalars change at every step (Adam's bias corrections), False when only
+        from one epoch to the next.
+    """
+
     state_names: tuple[str, ...] = ()
-    #: names of the 0-d inputs the update reads
     scalar_names: tuple[str, ...] = ("learning_rate",)
 
     eta0: float
 
     def eta(self, epoch: int) -> float:
+        """The learning rate of an epoch.
+
+        Parameters
+        ----------
+        epoch : int
+            The epoch, from 0.
+
+        Returns
+        -------
+        float
+            The learning rate.
+        """
         raise NotImplementedError
 
     def scalar_values(self, epoch: int, step: int) -> tuple[float, ...]:
-        """Values of the scalar inputs at ``epoch`` (0-based) for the ``step``-th update (1-based)."""
+        """The values of the scalar inputs (:attr:`scalar_names`), computed in double.
+
+        Parameters
+        ----------
+        epoch : int
+            The epoch, from 0.
+        step : int
+            The number of the update, from 1.
+
+        Returns
+        -------
+        tuple of float
+            One value per name of :attr:`scalar_names`.
+        """
         return (self.eta(epoch),)
 
     def update_nodes(
         self, b: NodeBuilder, weight: str, grad: str, states: list[str], scalars: dict[str, str]
     ) -> tuple[str, list[str]]:
-        """Emits the update of one weight; returns the new weight and the new states."""
+        """Emits the update of one weight.
+
+        Parameters
+        ----------
+        b : NodeBuilder
+            The builder that collects the nodes.
+        weight : str
+            The name of the weight.
+        grad : str
+            The name of its gradient.
+        states : list of str
+            The names of its optimizer states, in the order of :attr:`state_names`.
+        scalars : dict of str to str
+            The graph names of the scalar inputs, by name of :attr:`scalar_names`.
+
+        Returns
+        -------
+        new_weight : str
+            The name of the updated weight.
+        new_states : list of str
+            The names of the updated states, in the order of :attr:`state_names`.
+        """
         raise NotImplementedError
 
     def validate(self) -> None:
-        """Raises ValueError on parameters out of range (called at fit time)."""
+        """Checks the parameters; the trainers call it at fit time.
+
+        Raises
+        ------
+        ValueError
+            A parameter is out of range.
+        """
         eta0: Any = self.eta0
         if (
             isinstance(eta0, bool)
@@ -55,7 +125,27 @@ class BaseLearningRate(ParamsMixin):
 
 
 class LearningRateSGD(BaseLearningRate):
-    """Plain SGD: W <- W - eta g, eta following scikit-learn's schedules."""
+    """Plain SGD: ``W <- W - eta g``, ``eta`` following scikit-learn's schedules.
+
+    Parameters
+    ----------
+    eta0 : float, default=0.01
+        The initial learning rate, > 0.
+    alpha : float, default=0.0001
+        The decay of the ``'optimal'`` schedule, >= 0.
+    power_t : float, default=0.25
+        The exponent of the ``'invscaling'`` schedule, >= 0.
+    learning_rate : {'constant', 'invscaling', 'optimal'}, default='invscaling'
+        The schedule at epoch ``t`` (from 0): ``eta0``; ``eta0 / (t + 1) ** power_t``;
+        ``eta0 / (1 + alpha * eta0 * t)``.
+
+    Attributes
+    ----------
+    state_names : tuple of str
+        ``()``: plain SGD keeps no state.
+    scalar_names : tuple of str
+        ``('learning_rate',)``.
+    """
 
     def __init__(
         self,
@@ -93,7 +183,33 @@ class LearningRateSGD(BaseLearningRate):
 
 
 class LearningRateSGDNesterov(LearningRateSGD):
-    """SGD with momentum (v <- mu v - eta g, W <- W + v) or Nesterov (W <- W + mu v - eta g)."""
+    """SGD with momentum or Nesterov's momentum.
+
+    Momentum: ``v <- mu v - eta g``, ``W <- W + v``. Nesterov: ``v <- mu v - eta g``,
+    ``W <- W + mu v - eta g``. ``eta`` follows the schedules of :class:`LearningRateSGD`.
+
+    Parameters
+    ----------
+    eta0 : float, default=0.01
+        The initial learning rate, > 0.
+    alpha : float, default=0.0001
+        The decay of the ``'optimal'`` schedule, >= 0.
+    power_t : float, default=0.25
+        The exponent of the ``'invscaling'`` schedule, >= 0.
+    learning_rate : {'constant', 'invscaling', 'optimal'}, default='invscaling'
+        The schedule (see :class:`LearningRateSGD`).
+    momentum : float, default=0.9
+        ``mu``, in ``[0, 1)``.
+    nesterov : bool, default=True
+        Nesterov's update when True, plain momentum otherwise.
+
+    Attributes
+    ----------
+    state_names : tuple of str
+        ``('velocity',)``: ``v``, one per weight.
+    scalar_names : tuple of str
+        ``('learning_rate',)``.
+    """
 
     state_names = ("velocity",)
 
@@ -127,13 +243,32 @@ class LearningRateSGDNesterov(LearningRateSGD):
 
 
 class LearningRateAdam(BaseLearningRate):
-    """Adam: W <- W - eta (m / (1 - b1^k)) / (sqrt(v / (1 - b2^k)) + eps), eta constant.
+    """Adam: ``W <- W - eta (m / (1 - b1^k)) / (sqrt(v / (1 - b2^k)) + eps)``, ``eta`` constant.
 
-    The graph computes the same expression multiplied through by c = sqrt(1 - b2^k):
-    W <- W - (eta c / (1 - b1^k)) m / (sqrt(v) + eps c), the two per-step factors computed in
-    double on the host (:meth:`scalar_values`). That is 12 nodes per weight instead of 14 (no
-    scaling of m and v by the bias corrections): on CPU, where the small MLPs' steps are mostly
-    per-kernel overhead, about 5 us per step less for a one-hidden-layer MLP.
+    ``m <- b1 m + (1 - b1) g`` and ``v <- b2 v + (1 - b2) g^2``, ``k`` the step count from 1.
+    The graph computes the same expression multiplied through by ``c = sqrt(1 - b2^k)``:
+    ``W <- W - (eta c / (1 - b1^k)) m / (sqrt(v) + eps c)``, the two per-step factors computed
+    in double on the host (:meth:`scalar_values`). That is 12 nodes per weight instead of 14
+    (no scaling of ``m`` and ``v`` by the bias corrections): on CPU, the steps of small MLPs
+    are mostly per-kernel overhead.
+
+    Parameters
+    ----------
+    eta0 : float, default=0.001
+        The learning rate, > 0.
+    beta1 : float, default=0.9
+        ``b1``, the decay of the first moment, in ``[0, 1)``.
+    beta2 : float, default=0.999
+        ``b2``, the decay of the second moment, in ``[0, 1)``.
+    epsilon : float, default=1e-8
+        ``eps``, > 0.
+
+    Attributes
+    ----------
+    state_names : tuple of str
+        ``('moment1', 'moment2')``: ``m`` and ``v``, one each per weight.
+    scalar_names : tuple of str
+        ``('step_size', 'epsilon_hat')``: ``eta c / (1 - b1^k)`` and ``eps c``.
     """
 
     state_names = ("moment1", "moment2")
@@ -194,7 +329,27 @@ class LearningRateAdam(BaseLearningRate):
 
 
 def make_learning_rate(value: Any) -> BaseLearningRate:
-    """'SGD', 'SGDNesterov'/'Nesterov', 'Adam', a float (constant SGD) or an instance (copied)."""
+    """A learning-rate object from a trainer's ``learning_rate`` parameter.
+
+    Parameters
+    ----------
+    value : str, float or BaseLearningRate
+        ``'SGD'``, ``'SGDNesterov'`` or ``'Nesterov'``, ``'Adam'`` (any case; default
+        parameters), a float (``LearningRateSGD(eta0=value, learning_rate='constant')``) or a
+        learning-rate object, which is copied.
+
+    Returns
+    -------
+    BaseLearningRate
+        A new object.
+
+    Raises
+    ------
+    TypeError
+        A bool.
+    ValueError
+        An unknown name, or a float that is not finite and > 0.
+    """
     if isinstance(value, BaseLearningRate):
         return value.clone()
     if isinstance(value, bool):

@@ -17,21 +17,80 @@ from ._params import ParamsMixin
 
 
 class BaseLearningLoss(ParamsMixin):
-    """A loss between a prediction ``f`` and a target ``y``, summed over output columns."""
+    """A loss between a prediction ``f`` and a target ``y``, summed over output columns.
 
-    #: the label is an integer class index (int64, shape [N]) rather than a float target
+    A subclass writes the per-row loss ``l_i`` once, as ONNX nodes (:meth:`row_loss`); the
+    fused loop puts them in its step graph (:func:`~ort_train_core.add_loss_output`), the
+    partial loop runs them as a small graph of their own. Subclasses store their constructor
+    arguments under the same names (scikit-learn's ``get_params``/``set_params`` protocol).
+
+    Attributes
+    ----------
+    integer_labels : bool
+        True when the label is an integer class index (int64, shape ``[N]``) rather than a
+        float target shaped like the prediction.
+    """
+
     integer_labels = False
 
     def row_loss(self, b: NodeBuilder, pred: str, label: str, pred_shape: list[int | None]) -> str:
+        """Emits the nodes of the per-row loss.
+
+        Parameters
+        ----------
+        b : NodeBuilder
+            The builder that collects the nodes (element type, opset, unique names).
+        pred : str
+            The name of the prediction, shape ``pred_shape``.
+        label : str
+            The name of the label (see :meth:`label_shape` and :meth:`label_elem_type`).
+        pred_shape : list of int or None
+            The prediction's shape, None for a dimension unknown before run time.
+
+        Returns
+        -------
+        str
+            The name of the per-row loss, shape ``[N]``.
+        """
         raise NotImplementedError
 
     def validate(self) -> None:
-        """Raises ValueError on parameters out of range (called at fit time)."""
+        """Checks the parameters; the trainers call it at fit time.
+
+        Raises
+        ------
+        ValueError
+            A parameter is out of range.
+        """
 
     def label_shape(self, pred_shape: list[Any]) -> list[Any]:
+        """The shape of the label input for a prediction of shape ``pred_shape``.
+
+        Parameters
+        ----------
+        pred_shape : list
+            The prediction's shape (ints, None or symbolic names).
+
+        Returns
+        -------
+        list
+            ``['N']`` for integer labels, else ``['N', *pred_shape[1:]]``.
+        """
         return ["N"] if self.integer_labels else ["N", *pred_shape[1:]]
 
     def label_elem_type(self, pred_elem_type: int) -> int:
+        """The ONNX element type of the label input.
+
+        Parameters
+        ----------
+        pred_elem_type : int
+            The prediction's ``onnx.TensorProto`` element type.
+
+        Returns
+        -------
+        int
+            ``TensorProto.INT64`` for integer labels, else ``pred_elem_type``.
+        """
         return TensorProto.INT64 if self.integer_labels else pred_elem_type
 
 
@@ -52,21 +111,50 @@ class _ElementwiseLoss(BaseLearningLoss):
 
 
 class SquareLearningLoss(_ElementwiseLoss):
-    """l = sum_k (f - y)^2."""
+    """Squared error ``l = sum_k (f - y)^2`` (the name ``'square_error'``).
+
+    It takes no parameter.
+
+    Attributes
+    ----------
+    integer_labels : bool
+        False: the label is a float target shaped like the prediction.
+    """
 
     def element_loss(self, b: NodeBuilder, diff: str) -> str:
         return b.op("Mul", [diff, diff], "sq")
 
 
 class AbsoluteLearningLoss(_ElementwiseLoss):
-    """``l = sum_k |f - y|``."""
+    """Absolute error ``l = sum_k |f - y|`` (the name ``'absolute_error'``).
+
+    It takes no parameter.
+
+    Attributes
+    ----------
+    integer_labels : bool
+        False: the label is a float target shaped like the prediction.
+    """
 
     def element_loss(self, b: NodeBuilder, diff: str) -> str:
         return b.op("Abs", [diff], "abs")
 
 
 class ElasticLearningLoss(_ElementwiseLoss):
-    """``l = sum_k (l1_weight |d| + l2_weight d^2)``."""
+    """Elastic error ``l = sum_k (l1_weight |d| + l2_weight d^2)``, ``d = f - y`` (``'elastic'``).
+
+    Parameters
+    ----------
+    l1_weight : float, default=0.5
+        The weight of the absolute error, >= 0.
+    l2_weight : float, default=0.5
+        The weight of the squared error, >= 0.
+
+    Attributes
+    ----------
+    integer_labels : bool
+        False: the label is a float target shaped like the prediction.
+    """
 
     def __init__(self, l1_weight: float = 0.5, l2_weight: float = 0.5) -> None:
         self.l1_weight = l1_weight
@@ -112,10 +200,25 @@ def _one_hot(b: NodeBuilder, label: str, n_cols: int) -> str:
 
 
 class NegLogLearningLoss(BaseLearningLoss):
-    """l = -log p, p the probability of the true class clipped to [eps, 1 - eps].
+    """Log loss ``l = -log p``, ``p`` the probability of the true class clipped to
+    ``[eps, 1 - eps]`` (the name ``'log'``).
 
-    One column holds the probability of class 1. In the partial loop, ``probability_function``
-    ('sigmoid', 'softmax' or 'none') turns raw scores into probabilities first.
+    A prediction of one column holds the probability of class 1; one of several columns, a
+    probability per class. The label holds class indices (int64).
+
+    Parameters
+    ----------
+    eps : float, default=1e-5
+        The clipping bound, in ``(0, 0.5)``.
+    probability_function : {'sigmoid', 'softmax', 'none'}, default='sigmoid'
+        How the loss turns the prediction into probabilities first: raw scores go through
+        ``'sigmoid'`` or ``'softmax'``; ``'none'`` reads probabilities as they are
+        (:func:`~ort_train_core.add_loss_output` uses it for ``'log'``).
+
+    Attributes
+    ----------
+    integer_labels : bool
+        True: the label is a class index (int64, shape ``[N]``).
     """
 
     integer_labels = True
@@ -153,8 +256,17 @@ class NegLogLearningLoss(BaseLearningLoss):
 
 
 class CrossEntropyLearningLoss(BaseLearningLoss):
-    """Cross-entropy on logits z: one column softplus(z) - y z, several logsumexp(z) - z_y
-    (both as -log_softmax(logits)[y], the one column as the logits [0, z])."""
+    """Cross-entropy on logits ``z`` (the name ``'cross_entropy'``).
+
+    One column (binary): ``l = softplus(z) - y z``; several: ``l = logsumexp(z) - z_y``. Both
+    are computed as ``-log_softmax(logits)[y]``, a single column as the logits ``[0, z]``. The
+    label holds class indices (int64). It takes no parameter.
+
+    Attributes
+    ----------
+    integer_labels : bool
+        True: the label is a class index (int64, shape ``[N]``).
+    """
 
     integer_labels = True
 
@@ -187,7 +299,29 @@ LOSSES: dict[str, type[BaseLearningLoss]] = {
 
 
 def make_loss(loss: str | BaseLearningLoss, **kwargs: Any) -> BaseLearningLoss:
-    """A loss object from a name of DESIGN.md (with its keyword arguments) or an instance."""
+    """A loss object from its name (with its keyword arguments) or an instance.
+
+    Parameters
+    ----------
+    loss : str or BaseLearningLoss
+        A name of :data:`LOSSES` (``'squared_error'``, ``'square_error'``, ``'l2'``,
+        ``'absolute_error'``, ``'l1'``, ``'elastic'``, ``'log'``, ``'cross_entropy'``) or a
+        loss object, returned as it is.
+    **kwargs
+        The loss's constructor arguments (``l1_weight``, ``eps``...), for a name only.
+
+    Returns
+    -------
+    BaseLearningLoss
+        The loss.
+
+    Raises
+    ------
+    ValueError
+        An unknown name.
+    TypeError
+        Keyword arguments with a loss object, or arguments the loss does not take.
+    """
     if isinstance(loss, BaseLearningLoss):
         if kwargs:
             raise TypeError(f"keyword arguments {sorted(kwargs)} only apply to a loss given by name")
@@ -204,9 +338,32 @@ REDUCTIONS = ("mean", "sum", "row_mean")
 
 
 def reduce_rows(b: NodeBuilder, row_loss: str, weight: str | None, reduction: str) -> str:
-    """L = sum_i s_i l_i / sum_i s_i ('mean'), sum_i s_i l_i ('sum'), or sum_i s_i l_i / n
-    ('row_mean': each row's step scales with its weight, as per-sample SGD weighs samples; in a
-    batch of one row, 'mean' would cancel the weight)."""
+    """Emits the batch loss from the per-row losses and the sample weights.
+
+    Parameters
+    ----------
+    b : NodeBuilder
+        The builder that collects the nodes.
+    row_loss : str
+        The name of the per-row loss ``l``, shape ``[N]``.
+    weight : str or None
+        The name of the sample weights ``s``, shape ``[N]``; None for weights of 1.
+    reduction : {'mean', 'sum', 'row_mean'}
+        ``L = sum_i s_i l_i / sum_i s_i`` (``'mean'``), ``sum_i s_i l_i`` (``'sum'``), or
+        ``sum_i s_i l_i / n`` (``'row_mean'``: each row's step scales with its weight, as
+        per-sample SGD weighs samples; in a batch of one row, ``'mean'`` would cancel the
+        weight).
+
+    Returns
+    -------
+    str
+        The name of the scalar batch loss.
+
+    Raises
+    ------
+    ValueError
+        An unknown ``reduction``.
+    """
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     if weight is None:
@@ -222,22 +379,58 @@ def reduce_rows(b: NodeBuilder, row_loss: str, weight: str | None, reduction: st
 
 
 class BaseLearningPenalty(ParamsMixin):
-    """A penalty on weights added to the objective."""
+    """A penalty on weights added to the objective.
+
+    A subclass writes its term as ONNX nodes (:meth:`penalty_nodes`) and stores its
+    constructor arguments under the same names (``get_params``/``set_params``).
+    """
 
     def penalty_nodes(self, b: NodeBuilder, weight: str) -> str | None:
+        """Emits the penalty of one weight.
+
+        Parameters
+        ----------
+        b : NodeBuilder
+            The builder that collects the nodes.
+        weight : str
+            The name of the weight.
+
+        Returns
+        -------
+        str or None
+            The name of the scalar penalty, or None when it is zero.
+        """
         raise NotImplementedError
 
     def validate(self) -> None:
-        pass
+        """Checks the parameters; the trainers call it at fit time.
+
+        Raises
+        ------
+        ValueError
+            A parameter is out of range.
+        """
 
 
 class NoLearningPenalty(BaseLearningPenalty):
+    """No penalty: the objective is the loss alone. It takes no parameter."""
+
     def penalty_nodes(self, b: NodeBuilder, weight: str) -> str | None:
         return None
 
 
 class ElasticLearningPenalty(BaseLearningPenalty):
-    """``P = l1 * sum |W| + l2 * sum W^2`` for each penalised weight."""
+    """``P = l1 * sum |W| + l2 * sum W^2`` for each penalised weight.
+
+    The gradient of the objective gains ``l1 sign(W) + 2 l2 W``.
+
+    Parameters
+    ----------
+    l1 : float, default=0.5
+        The coefficient of the L1 term, >= 0.
+    l2 : float, default=0.5
+        The coefficient of the L2 term, >= 0.
+    """
 
     def __init__(self, l1: float = 0.5, l2: float = 0.5) -> None:
         self.l1 = l1
@@ -252,7 +445,22 @@ class ElasticLearningPenalty(BaseLearningPenalty):
 
 
 def penalty_term(b: NodeBuilder, weight: str, l1: float, l2: float) -> str | None:
-    """l1 * sum|W| + l2 * sum W^2 as a scalar, or None when both coefficients are zero."""
+    """Emits ``l1 * sum|W| + l2 * sum W^2`` as a scalar.
+
+    Parameters
+    ----------
+    b : NodeBuilder
+        The builder that collects the nodes.
+    weight : str
+        The name of the weight ``W``.
+    l1, l2 : float
+        The coefficients.
+
+    Returns
+    -------
+    str or None
+        The name of the penalty, or None when both coefficients are zero.
+    """
     parts = []
     if l1:
         parts.append(b.op("Mul", [b.sum_all(b.op("Abs", [weight])), b.const(l1, "pen_l1")], "pen_l1_term"))
