@@ -153,18 +153,66 @@ def add_loss_output(
     reduction: str = "mean",
     **kwargs: Any,
 ) -> ModelProto:
-    """The prediction graph with a scalar loss output (first), for the fused training loop.
+    """The prediction graph with a scalar loss output, for the fused training loop.
 
-    Adds the label input (and the sample-weight input when ``weight_name`` is set). The names
-    it adds are recorded in the model's metadata so that trainers find them.
+    Adds the label input (and the sample-weight input when ``weight_name`` is set) and the loss
+    as the first output; the names it adds are recorded in the model's metadata for the trainers.
+
+    Parameters
+    ----------
+    onx : onnx.ModelProto
+        The prediction graph; it is not modified.
+    score_name : str or BaseLearningLoss, default='squared_error'
+        ``'squared_error'`` (``'l2'``), ``'absolute_error'`` (``'l1'``), ``'elastic'``, ``'log'``
+        (the output holds probabilities), ``'cross_entropy'`` (logits: one column sigmoid,
+        several softmax; int64 labels), or a loss object.
+    loss_name, label_name : str, default='loss', 'label'
+        The names of the loss output and of the label input.
+    weight_name : str, optional
+        The name of a sample-weight input (shape ``[N]``) to add; none by default.
+    penalty : dict, optional
+        By initializer name: ``{'l1': a, 'l2': b}``, a float (L2 only) or a penalty object.
+    output_index : int, default=0
+        The output the loss reads.
+    reduction : {'mean', 'sum', 'row_mean'}, default='mean'
+        How the rows' losses combine (:func:`~ort_train_core.losses.reduce_rows`).
+    **kwargs
+        The loss's parameters: ``l1_weight``, ``l2_weight`` (elastic), ``eps`` (log).
+
+    Returns
+    -------
+    onnx.ModelProto
+        A new model: the loss (a scalar) first, then the original outputs.
+
+    Raises
+    ------
+    TypeError
+        ``onx`` is not a ModelProto, or the loss does not take ``kwargs``.
+    ValueError
+        A name already used, an output index, penalty or loss parameter out of range, a
+        prediction that is not a float tensor, or a graph that breaks a rule of ONNX.
     """
     if not isinstance(onx, ModelProto):
         raise TypeError(f"onx must be an onnx.ModelProto, not {type(onx).__name__}")
+    loss = _checked_loss(score_name, kwargs)
+    model = normalise_model(onx)
+    names = (loss_name, label_name, weight_name)
+    pred_shape = _append_loss(model, loss, names, penalty, output_index, reduction)
+    _record_loss(model, score_name, loss, names, pred_shape, reduction)
+    _check_onnx_rules(model)
+    return model
+
+
+def _checked_loss(score_name: str | BaseLearningLoss, kwargs: dict[str, Any]) -> BaseLearningLoss:
     if score_name == "log":  # here the graph's output already holds probabilities
         kwargs.setdefault("probability_function", "none")
     loss = make_loss(score_name, **kwargs)
     loss.validate()
-    model = normalise_model(onx)
+    return loss
+
+
+def _prediction(model: ModelProto, output_index: int) -> tuple[str, int, list[Any]]:
+    """(name, element type, shape) of the output a loss reads; it must be a float tensor."""
     g = model.graph
     if not 0 <= output_index < len(g.output):
         raise ValueError(f"output_index={output_index} but the graph has {len(g.output)} output(s)")
@@ -172,43 +220,76 @@ def add_loss_output(
     pred_type, pred_shape = output_shape(model, pred)
     if pred_type not in FLOAT_TYPES:
         raise ValueError(f"output {pred!r} is not a float tensor: it cannot be the prediction of a loss")
-    taken = all_names(model)
-    for name in (loss_name, label_name, weight_name):
+    return pred, pred_type, pred_shape
+
+
+def _check_new_names(taken: set[str], names: Sequence[str | None]) -> None:
+    """The loss, label and weight names are free in the graph and differ from each other."""
+    for name in names:
         if name is not None and name in taken:
             raise ValueError(f"name {name!r} is already used in the graph; choose another one")
-    new_names = [n for n in (loss_name, label_name, weight_name) if n is not None]
+    new_names = [n for n in names if n is not None]
     if len(set(new_names)) != len(new_names):
+        loss_name, label_name, weight_name = names
         raise ValueError(
             f"loss_name, label_name and weight_name must differ, got {loss_name!r}, "
             f"{label_name!r}, {weight_name!r}"
         )
-    inits = {i.name for i in g.initializer}
+
+
+def _append_loss(
+    model: ModelProto,
+    loss: BaseLearningLoss,
+    names: tuple[str, str, str | None],
+    penalty: Mapping[str, float | Mapping[str, float] | BaseLearningPenalty] | None,
+    output_index: int,
+    reduction: str,
+) -> list[Any]:
+    """Adds the objective's nodes, the label (and weight) inputs and the loss as the first
+    output to ``model`` in place; returns the prediction's shape."""
+    g = model.graph
+    loss_name, label_name, weight_name = names
+    pred, pred_type, pred_shape = _prediction(model, output_index)
+    taken = all_names(model)
+    _check_new_names(taken, names)
     penalties = parse_penalty(penalty)
+    inits = {i.name for i in g.initializer}
     for wname in penalties:
         if wname not in inits:
             raise ValueError(f"penalty names {wname!r}, which is not an initializer of the graph")
     b = NodeBuilder(pred_type, _opset(model), taken, prefix="loss_")
-    row = loss.row_loss(b, pred, label_name, pred_shape)
-    total = reduce_rows(b, row, weight_name, reduction)
+    total = reduce_rows(b, loss.row_loss(b, pred, label_name, pred_shape), weight_name, reduction)
     for wname, pen in penalties.items():
         term = pen.penalty_nodes(b, wname)
         if term is not None:
             total = b.op("Add", [total, term], "objective")
     b.nodes.append(helper.make_node("Identity", [total], [loss_name], name=b.name("n_loss")))
     g.node.extend(b.nodes)
-    label_dims = loss.label_shape(pred_shape)
     label_type = loss.label_elem_type(pred_type)
-    g.input.append(helper.make_tensor_value_info(label_name, label_type, label_dims))
+    g.input.append(helper.make_tensor_value_info(label_name, label_type, loss.label_shape(pred_shape)))
     if weight_name is not None:
         g.input.append(helper.make_tensor_value_info(weight_name, pred_type, ["N"]))
     outputs = list(g.output)
     del g.output[:]
     g.output.append(helper.make_tensor_value_info(loss_name, pred_type, []))
     g.output.extend(outputs)
+    return pred_shape
+
+
+def _record_loss(
+    model: ModelProto,
+    score_name: str | BaseLearningLoss,
+    loss: BaseLearningLoss,
+    names: tuple[str, str, str | None],
+    pred_shape: list[Any],
+    reduction: str,
+) -> None:
+    """Records in the metadata what :func:`add_loss_output` added, where the trainers read it."""
+    loss_name, label_name, weight_name = names
     set_metadata(model, "loss_name", loss_name)
     set_metadata(model, "label_name", label_name)
     set_metadata(model, "weight_name", weight_name)
-    set_metadata(model, "prediction_outputs", [o.name for o in outputs])
+    set_metadata(model, "prediction_outputs", [o.name for o in model.graph.output[1:]])
     set_metadata(model, "reduction", reduction)
     if loss.integer_labels:
         n_cols = pred_shape[1] if len(pred_shape) == 2 else 1
@@ -218,6 +299,9 @@ def add_loss_output(
         "score_name",
         score_name if isinstance(score_name, str) else type(score_name).__name__,
     )
+
+
+def _check_onnx_rules(model: ModelProto) -> None:
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:  # a rule validate_model does not check
@@ -225,7 +309,6 @@ def add_loss_output(
             f"the model breaks a rule of ONNX ({str(exc).splitlines()[0]}); "
             "check it with onnx.checker.check_model and export it again"
         ) from exc
-    return model
 
 
 def parse_penalty(
