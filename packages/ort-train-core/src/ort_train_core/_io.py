@@ -33,9 +33,10 @@ __all__ = ["load_model"]
 MAX_MODEL_BYTES = 2**31 - 1
 
 #: the deepest nesting of control-flow subgraphs (an ``If`` inside a ``Loop`` inside an ``If``...)
-#: a model may have. onnxruntime's session creation takes about 1.8 times longer per level (2.4 s
-#: at 16 levels, minutes at 25), so a file of a few kilobytes could hold a process for hours;
-#: exported models nest a few levels. A module attribute so that a trusted deeper model can pass.
+#: a model may have. onnxruntime's session creation takes about 1.8 times longer per level
+#: (seconds at 16 levels, minutes at 25), so a file of a few kilobytes could hold a process for
+#: hours; exported models nest a few levels. A module attribute so that a trusted deeper model
+#: can pass.
 MAX_SUBGRAPH_DEPTH = 8
 
 _TensorType = onnx.TensorProto.DataType
@@ -611,6 +612,23 @@ def _inline_external_data(model: onnx.ModelProto, source: str, base_dir: str) ->
         raise _too_big(source, model.ByteSize())
 
 
+def _read_any(
+    model: str | os.PathLike[str] | onnx.ModelProto | bytes,
+) -> tuple[onnx.ModelProto, str, str | None]:
+    """(a new ModelProto, how messages name the model, the folder of its file or None)."""
+    if isinstance(model, onnx.ModelProto):
+        proto = onnx.ModelProto()
+        proto.CopyFrom(model)
+        return proto, "the model", None
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        return _parse(bytes(model), "the model bytes"), "the model bytes", None
+    if isinstance(model, (str, os.PathLike)):
+        source = os.fspath(model)
+        folder = os.path.dirname(os.path.abspath(source))
+        return _parse(_read_model_file(source), source), source, folder
+    raise TypeError(f"model must be a path, an onnx.ModelProto or bytes, not {type(model).__name__}")
+
+
 def load_model(
     model: str | os.PathLike[str] | onnx.ModelProto | bytes,
     *,
@@ -655,20 +673,8 @@ def load_model(
     base_dir = None if external_data_dir is None else os.fspath(external_data_dir)
     if base_dir is not None and not os.path.isdir(base_dir):
         raise ValueError(f"external_data_dir={base_dir!r} is not a folder")
-    if isinstance(model, onnx.ModelProto):
-        source = "the model"
-        proto = onnx.ModelProto()
-        proto.CopyFrom(model)
-    elif isinstance(model, (bytes, bytearray, memoryview)):
-        source = "the model bytes"
-        proto = _parse(bytes(model), source)
-    elif isinstance(model, (str, os.PathLike)):
-        source = os.fspath(model)
-        proto = _parse(_read_model_file(source), source)
-        if base_dir is None:
-            base_dir = os.path.dirname(os.path.abspath(source))
-    else:
-        raise TypeError(f"model must be a path, an onnx.ModelProto or bytes, not {type(model).__name__}")
+    proto, source, model_dir = _read_any(model)
+    base_dir = model_dir if base_dir is None else base_dir
     _check_depth(proto, source)  # first: the walks below recurse into subgraphs
     if base_dir is not None:
         _inline_external_data(proto, source, base_dir)
