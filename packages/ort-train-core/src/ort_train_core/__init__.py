@@ -4,9 +4,11 @@ Importing this package checks that the *training* build of onnxruntime is instal
 :class:`TrainingRuntimeError` (an ImportError) with the pip commands that fix it otherwise.
 """
 
+from ._data import cast_checked
+from ._fit_loop import describe_non_finite
 from ._io import load_model
 from ._runtime import C as _C  # noqa: F401  (the runtime check happens here)
-from ._runtime import check_device
+from ._runtime import Device, check_device, parse_device
 from ._version import __version__
 from .callbacks import Callback, EarlyStopping, EpochPrinter, ProgressBar
 from .exceptions import (
@@ -54,6 +56,7 @@ __all__ = [
     "ConvergenceWarning",
     "CrossEntropyLearningLoss",
     "CudaUnavailableError",
+    "Device",
     "EarlyStopping",
     "ElasticLearningLoss",
     "ElasticLearningPenalty",
@@ -72,10 +75,13 @@ __all__ = [
     "TrainingRuntimeError",
     "__version__",
     "add_loss_output",
+    "cast_checked",
     "check_device",
     "default_weights_to_train",
+    "describe_non_finite",
     "initializers_to_inputs",
     "inputs_to_initializers",
     "load_model",
+    "parse_device",
     "prediction_graph",
 ]

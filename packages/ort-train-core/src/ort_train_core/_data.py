@@ -61,6 +61,25 @@ def cast_checked(name: str, arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
     A float64 1e39 becomes inf in float32 (numpy only warns): the loss would be inf from the
     first step and the fit would end in a ConvergenceError that blames the learning rate.
+
+    Parameters
+    ----------
+    name : str
+        What the array is (``'X'``, ``'sample_weight'``), for the error message.
+    arr : ndarray
+        The values.
+    dtype : numpy.dtype
+        The type to cast to.
+
+    Returns
+    -------
+    ndarray
+        ``arr`` in ``dtype``, C-contiguous.
+
+    Raises
+    ------
+    ValueError
+        When a finite value becomes inf or NaN in ``dtype``.
     """
     with np.errstate(over="ignore", invalid="ignore"):
         out = np.ascontiguousarray(arr, dtype=dtype)

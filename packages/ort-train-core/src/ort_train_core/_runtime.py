@@ -89,7 +89,22 @@ C = load_capi()
 
 @dataclass(frozen=True)
 class Device:
-    """A parsed device string: ``'cpu'``, ``'cuda'`` or ``'cuda:N'``."""
+    """A parsed device string: ``'cpu'``, ``'cuda'`` or ``'cuda:N'`` (see :func:`parse_device`).
+
+    Parameters
+    ----------
+    kind : {'cpu', 'cuda'}
+        The device type.
+    index : int, default=0
+        The GPU index (0 for the CPU).
+
+    Attributes
+    ----------
+    ort_device : onnxruntime OrtDevice
+        The device onnxruntime allocates OrtValues on.
+    providers : list
+        The execution providers of an ``onnxruntime.InferenceSession`` running there.
+    """
 
     kind: str
     index: int = 0
@@ -110,7 +125,27 @@ class Device:
 
 
 def parse_device(device: str | Device) -> Device:
-    """Validates a device string and checks that the installed build can run on it."""
+    """Validates a device string and checks that the installed build can run on it.
+
+    Parameters
+    ----------
+    device : str or Device
+        ``'cpu'``, ``'cuda'`` or ``'cuda:N'`` (any case, surrounding spaces ignored).
+
+    Returns
+    -------
+    Device
+        The parsed device.
+
+    Raises
+    ------
+    TypeError
+        When ``device`` is not a string.
+    ValueError
+        For an unknown device, or CUDA without the CUDA build of onnxruntime-training.
+    CudaUnavailableError
+        For CUDA when the driver, the GPU or the CUDA libraries are missing.
+    """
     if isinstance(device, Device):
         return device
     if not isinstance(device, str):

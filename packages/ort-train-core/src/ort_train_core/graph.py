@@ -1,5 +1,9 @@
 """Pure ONNX graph building: the loss output, trainable weights, weights <-> inputs, pruning,
-and the IR/opset normalisation that onnxruntime 1.19 needs. No session is created here."""
+and the IR/opset normalisation that onnxruntime 1.19 needs. No session is created here.
+
+The names in ``__all__`` are the public surface the adapters (ort-train-sklearn,
+ort-train-torch) and users build on; the other functions serve core's trainers.
+"""
 
 from __future__ import annotations
 
@@ -16,8 +20,28 @@ from ._io import validate_model
 from .exceptions import GraphNotDifferentiableError
 from .losses import BaseLearningLoss, BaseLearningPenalty, ElasticLearningPenalty, make_loss, reduce_rows
 
+__all__ = [
+    "MAX_IR_VERSION",
+    "MAX_OPSET",
+    "MIN_OPSET",
+    "add_loss_output",
+    "all_names",
+    "ancestors",
+    "default_weights_to_train",
+    "initializer_values",
+    "initializers_to_inputs",
+    "inputs_to_initializers",
+    "normalise_model",
+    "nothing_to_train_error",
+    "prediction_graph",
+    "prune_to_outputs",
+]
+
+#: the highest IR version onnxruntime 1.19 loads
 MAX_IR_VERSION = 10
+#: the highest opset of the default domain onnxruntime 1.19 runs
 MAX_OPSET = 21
+#: the lowest default-domain opset a model is kept at (older ones are converted up)
 MIN_OPSET = 13
 META_PREFIX = "ort_train."
 
@@ -50,7 +74,23 @@ def normalise_model(model: ModelProto) -> ModelProto:
     Every model, from a file or in memory, enters here: :func:`._io.validate_model` refuses
     external data, control flow nested too deep and malformed graphs with a ValueError before
     onnx or onnxruntime see them. Nodes listed out of order are sorted (onnx's checker wants
-    them sorted; onnxruntime sorts them itself)."""
+    them sorted; onnxruntime sorts them itself).
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The model; it is not modified.
+
+    Returns
+    -------
+    onnx.ModelProto
+        The normalised copy (one opset import per domain, metadata kept).
+
+    Raises
+    ------
+    ValueError
+        For a malformed or untrusted model, or an opset that cannot be converted.
+    """
     order = validate_model(model)
     model = _copy(model)
     if order != list(range(len(order))):
@@ -116,6 +156,18 @@ def set_metadata(model: ModelProto, key: str, value: Any) -> None:
 
 
 def all_names(model: ModelProto) -> set[str]:
+    """Every name the top-level graph uses, so that a new node or value can avoid them.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The model.
+
+    Returns
+    -------
+    set of str
+        The names of inputs, outputs, initializers, node inputs and outputs, and nodes.
+    """
     g = model.graph
     names = {i.name for i in g.input} | {o.name for o in g.output} | {i.name for i in g.initializer}
     for node in g.node:
@@ -339,7 +391,22 @@ def _producers(model: ModelProto) -> dict[str, int]:
 
 
 def ancestors(model: ModelProto, outputs: Iterable[str]) -> tuple[set[str], set[int]]:
-    """Names and node indices the given outputs depend on (subgraph inputs included)."""
+    """Names and node indices the given outputs depend on (subgraph inputs included).
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The model.
+    outputs : iterable of str
+        The values to walk back from (graph outputs or intermediate values).
+
+    Returns
+    -------
+    names : set of str
+        The values reached, ``outputs`` included.
+    nodes : set of int
+        The indices in ``model.graph.node`` of the nodes computing them.
+    """
     return _walk_back(model, outputs, lambda node, k, name: bool(name))
 
 
@@ -458,7 +525,21 @@ def float_initializers(model: ModelProto) -> dict[str, onnx.TensorProto]:
 def nothing_to_train_error(model: ModelProto, output: str) -> ValueError:
     """The error for an ``output`` that depends on no float initializer. Operators of other
     domains (ai.onnx.ml's LinearRegressor...) hold their coefficients in attributes: name them
-    (those on its float paths: the ArrayFeatureExtractor of a label path is not in the way)."""
+    (those on its float paths: the ArrayFeatureExtractor of a label path is not in the way).
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The model.
+    output : str
+        The output that has nothing to train.
+
+    Returns
+    -------
+    ValueError
+        A :class:`~ort_train_core.GraphNotDifferentiableError` naming the operators in the
+        way, or a plain ValueError; to raise.
+    """
     _, needed = differentiable_ancestors(model, [output])
     blocking = [
         node
@@ -475,7 +556,22 @@ def default_weights_to_train(
 ) -> list[str]:
     """The float initializers the loss (or any of several outputs) depends on through float
     values (those with a gradient: :func:`differentiable_ancestors`), in the graph's
-    initializer order."""
+    initializer order.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The model.
+    loss_name : str or iterable of str
+        The output (or outputs) to differentiate.
+    types : mapping of str to int, optional
+        The element type of each value (:func:`value_types`), when the caller has it already.
+
+    Returns
+    -------
+    list of str
+        The initializer names.
+    """
     names = [loss_name] if isinstance(loss_name, str) else loss_name
     deps, _ = differentiable_ancestors(model, names, types)
     return [name for name in float_initializers(model) if name in deps]
@@ -614,7 +710,20 @@ def _blocking_message(nodes: Sequence[onnx.NodeProto]) -> str:
 
 def initializers_to_inputs(model: ModelProto, names: Sequence[str]) -> ModelProto:
     """A copy where the named initializers are graph inputs (in the given order), so that they
-    can be fed and differentiated."""
+    can be fed and differentiated.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The model; it is not modified.
+    names : sequence of str
+        Initializers of ``model``.
+
+    Returns
+    -------
+    onnx.ModelProto
+        The copy, without those initializers and with one input each.
+    """
     model = _copy(model)
     g = model.graph
     inits = {i.name: i for i in g.initializer}
@@ -630,7 +739,20 @@ def initializers_to_inputs(model: ModelProto, names: Sequence[str]) -> ModelProt
 
 
 def inputs_to_initializers(model: ModelProto, values: Mapping[str, np.ndarray]) -> ModelProto:
-    """A copy where the named inputs (or initializers) become initializers holding ``values``."""
+    """A copy where the named inputs (or initializers) become initializers holding ``values``.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The model; it is not modified.
+    values : mapping of str to ndarray
+        The value of each input or initializer to set.
+
+    Returns
+    -------
+    onnx.ModelProto
+        The copy, those names being initializers only.
+    """
     model = _copy(model)
     g = model.graph
     keep_inputs = [i for i in g.input if i.name not in values]
@@ -645,12 +767,39 @@ def inputs_to_initializers(model: ModelProto, values: Mapping[str, np.ndarray]) 
 
 
 def initializer_values(model: ModelProto, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """The values of the named initializers, as numpy arrays the caller owns.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The model.
+    names : sequence of str
+        Initializers of ``model``.
+
+    Returns
+    -------
+    dict of str to ndarray
+        A copy of each value, in the order of ``names``.
+    """
     inits = {i.name: i for i in model.graph.initializer}
     return {n: numpy_helper.to_array(inits[n]).copy() for n in names}
 
 
 def prune_to_outputs(model: ModelProto, outputs: Sequence[str]) -> ModelProto:
-    """A copy that keeps only the given outputs and what they need (nodes, inputs, initializers)."""
+    """A copy that keeps only the given outputs and what they need (nodes, inputs, initializers).
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The model; it is not modified.
+    outputs : sequence of str
+        Outputs of ``model`` to keep, in this order.
+
+    Returns
+    -------
+    onnx.ModelProto
+        The pruned copy.
+    """
     model = _copy(model)
     g = model.graph
     deps, nodes = ancestors(model, outputs)
@@ -670,7 +819,20 @@ def prune_to_outputs(model: ModelProto, outputs: Sequence[str]) -> ModelProto:
 
 
 def prediction_graph(loss_model: ModelProto, loss_name: str) -> ModelProto:
-    """The prediction graph inside a loss graph: its original outputs, no label or weight input."""
+    """The prediction graph inside a loss graph: its original outputs, no label or weight input.
+
+    Parameters
+    ----------
+    loss_model : onnx.ModelProto
+        A graph made by :func:`add_loss_output` (or any graph with a loss output).
+    loss_name : str
+        Its loss output, dropped when the metadata does not list the prediction outputs.
+
+    Returns
+    -------
+    onnx.ModelProto
+        The pruned copy, without ort-train's metadata.
+    """
     outputs = get_metadata(loss_model, "prediction_outputs")
     if outputs is None:
         outputs = [o.name for o in loss_model.graph.output if o.name != loss_name]

@@ -29,8 +29,9 @@ from ort_train_core import (
     OrtGradientForwardBackwardOptimizer,
     OrtGradientOptimizer,
     add_loss_output,
+    cast_checked,
+    parse_device,
 )
-from ort_train_core._data import cast_checked
 
 from ._graphs import classifier_head
 
@@ -340,8 +341,6 @@ class OrtEstimatorMixin(BaseEstimator):
         sessions = self.__dict__.setdefault("_sessions", {})
         if kind not in sessions:
             import onnxruntime
-
-            from ort_train_core._runtime import parse_device
 
             model = self.to_onnx() if kind == "deploy" else self._trained_graph()
             sessions[kind] = onnxruntime.InferenceSession(

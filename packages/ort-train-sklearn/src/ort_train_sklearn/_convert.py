@@ -56,8 +56,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
-from ort_train_core import GraphNotDifferentiableError, load_model
-from ort_train_core._fit_loop import describe_non_finite
+from ort_train_core import GraphNotDifferentiableError, describe_non_finite, load_model
 from ort_train_core.graph import (
     all_names,
     ancestors,

@@ -22,8 +22,7 @@ from onnx import ModelProto, TensorProto
 from torch import nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from ort_train_core import OrtGradientForwardBackward, load_model
-from ort_train_core._fit_loop import describe_non_finite
+from ort_train_core import OrtGradientForwardBackward, describe_non_finite, load_model
 from ort_train_core._runtime import C
 from ort_train_core.exceptions import GraphNotDifferentiableError
 from ort_train_core.graph import (
