@@ -15,6 +15,7 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -35,6 +36,9 @@ from .graph import (
     nothing_to_train_error,
 )
 from .learning_rate import BaseLearningRate, LearningRateAdam, LearningRateSGD, LearningRateSGDNesterov
+
+if TYPE_CHECKING:  # imported when fit runs: the other commands do not need it
+    from .optimizer import OrtGradientOptimizer
 
 EXIT_OK, EXIT_TRAINING_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -444,8 +448,25 @@ def save_model_atomically(model: ModelProto, path: str) -> None:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from .optimizer import OrtGradientOptimizer
+    """Runs ``ort-train fit``: trains a prediction graph on a data file, writes the trained graph.
 
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The options of ``fit`` (:func:`build_parser`).
+
+    Returns
+    -------
+    int
+        :data:`EXIT_OK`, or :data:`EXIT_INTERRUPTED` after Ctrl-C (then no model is written).
+
+    Raises
+    ------
+    ValueError, TypeError, OSError
+        Bad options, model or data (:func:`main` exits with :data:`EXIT_BAD_INPUT`).
+    ConvergenceError
+        The loss diverged (:func:`main` exits with :data:`EXIT_TRAINING_FAILED`).
+    """
     if args.resume and args.checkpoint is None:
         raise _UsageError("--resume continues from --checkpoint DIR: give the folder")
     # found now, not after the whole fit (whose weights would be lost without --checkpoint)
@@ -456,9 +477,31 @@ def cmd_fit(args: argparse.Namespace) -> int:
     _output_name(model, args.output_index)
     _refuse_unfeedable_inputs(args.model, model)
     X, y, _ = load_table(args.data, args.target)
-    X, y, X_val, y_val = _split(X, y, args.validation_fraction, args.seed)
+    data = _split(X, y, args.validation_fraction, args.seed)
     loss_model = add_loss_output(model, score_name=args.loss, output_index=args.output_index)
-    trainer = OrtGradientOptimizer(
+    trainer = _fit_trainer(args, loss_model)
+    start = time.perf_counter()
+    interrupted = _train(trainer, args, *data)
+    elapsed = time.perf_counter() - start
+    if interrupted:
+        print("ort-train: interrupted; no model written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    save_model_atomically(trainer.get_trained_onnx(), args.out)
+    losses = trainer.train_losses_
+    print(f"epochs: {trainer.n_iter_}")
+    print(f"final training loss: {losses[-1]:.6g}" if losses else "final training loss: -")
+    if trainer.validation_losses_:
+        print(f"final validation loss: {trainer.validation_losses_[-1]:.6g}")
+    print(f"time: {elapsed:.2f} s")
+    print(f"wrote: {args.out}")
+    return EXIT_OK
+
+
+def _fit_trainer(args: argparse.Namespace, loss_model: ModelProto) -> OrtGradientOptimizer:
+    """The trainer the options of ``fit`` describe."""
+    from .optimizer import OrtGradientOptimizer
+
+    return OrtGradientOptimizer(
         loss_model,
         max_iter=args.epochs,
         batch_size=args.batch_size,
@@ -472,13 +515,24 @@ def cmd_fit(args: argparse.Namespace) -> int:
         checkpoint_dir=args.checkpoint,
         checkpoint_every=args.checkpoint_every,
     )
+
+
+def _train(
+    trainer: OrtGradientOptimizer,
+    args: argparse.Namespace,
+    X: np.ndarray,
+    y: np.ndarray,
+    X_val: np.ndarray | None,
+    y_val: np.ndarray | None,
+) -> bool:
+    """Fits, or resumes with ``--resume``, printing the trainer's warnings to stderr; True when
+    Ctrl-C ended the training."""
     existing = os.path.join(args.checkpoint, CHECKPOINT_FILE) if args.checkpoint else None
     if existing and not args.resume and os.path.exists(existing):
         print(
             f"ort-train: note: starting over; {existing} is overwritten (--resume continues it)",
             file=sys.stderr,
         )
-    start = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if args.resume:
@@ -488,25 +542,13 @@ def cmd_fit(args: argparse.Namespace) -> int:
                 raise _resume_refused(exc, str(existing)) from exc
         else:
             trainer.fit(X, y, X_val=X_val, y_val=y_val)
-    elapsed = time.perf_counter() - start
     interrupted = False
     for w in caught:
         interrupted = interrupted or (
             issubclass(w.category, RuntimeWarning) and "interrupted" in str(w.message)
         )
         print(f"ort-train: warning: {w.message}", file=sys.stderr)
-    if interrupted:
-        print("ort-train: interrupted; no model written", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    save_model_atomically(trainer.get_trained_onnx(), args.out)
-    losses = trainer.train_losses_
-    print(f"epochs: {trainer.n_iter_}")
-    print(f"final training loss: {losses[-1]:.6g}" if losses else "final training loss: -")
-    if trainer.validation_losses_:
-        print(f"final validation loss: {trainer.validation_losses_[-1]:.6g}")
-    print(f"time: {elapsed:.2f} s")
-    print(f"wrote: {args.out}")
-    return EXIT_OK
+    return interrupted
 
 
 def _resume_refused(exc: CheckpointMismatchError, checkpoint: str) -> _UsageError:
