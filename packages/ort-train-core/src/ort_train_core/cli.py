@@ -98,6 +98,13 @@ def _fraction(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of the ``ort-train`` command and its subcommands ``inspect``, ``fit``, ``eval``.
+
+    Returns
+    -------
+    argparse.ArgumentParser
+        Each subcommand sets ``func``, the function that runs it.
+    """
     parser = argparse.ArgumentParser(
         prog="ort-train",
         description="Train ONNX graphs with onnxruntime-training.",
@@ -197,7 +204,32 @@ def _data_arguments(p: argparse.ArgumentParser) -> None:
 
 # ---- data ----------------------------------------------------------------------------------------
 def load_table(path: str, target: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """(features, target, feature names) from a .csv with a header or an .npz."""
+    """The features and the target of a data file.
+
+    Parameters
+    ----------
+    path : str
+        A ``.csv`` with a header row (numbers only), or an ``.npz``.
+    target : str
+        The target's column (or array); the features are every other column (in file order),
+        or the ``.npz`` array ``'X'`` when there is one.
+
+    Returns
+    -------
+    X : ndarray
+        The features, one row per sample.
+    y : ndarray
+        The target.
+    names : list of str
+        The features' names.
+
+    Raises
+    ------
+    FileNotFoundError
+        No file at ``path``.
+    ValueError
+        Another suffix, a missing or repeated column, a value that is not a number, no rows.
+    """
     if not os.path.exists(path):
         raise FileNotFoundError(2, f"data file not found: {path}", path)
     check_regular_file(path, "data file")  # a FIFO would block the read, /dev/zero never end
@@ -313,6 +345,16 @@ def input_problem(model: ModelProto) -> str | None:
     with a string, integer, bool or non-tensor input (or several inputs) passes the gradient
     check (nothing is differentiated through them) and would fail in onnxruntime at the first
     step with "Unexpected input data type".
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The prediction graph.
+
+    Returns
+    -------
+    str or None
+        The problem and its fix, or None when the inputs can be fed.
     """
     inits = {i.name for i in model.graph.initializer}
     inputs = [vi for vi in model.graph.input if vi.name not in inits]
@@ -349,8 +391,22 @@ def _refuse_unfeedable_inputs(path: str, model: ModelProto) -> None:
 
 
 def gradient_status(model: ModelProto, output_index: int = 0) -> tuple[list[str], str | None]:
-    """(trainable weights, None) when a gradient graph can be built for the squared error of the
-    output, else (weights, the reason naming the blocking operators)."""
+    """Whether a gradient graph can be built for the squared error of an output.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The prediction graph.
+    output_index : int, default=0
+        The output to differentiate.
+
+    Returns
+    -------
+    weights : list of str
+        The float initializers the output depends on through values with a gradient.
+    reason : str or None
+        None when the gradient graph can be built, else why not (the blocking operators).
+    """
     from ._gradient import DEFAULT_BACKEND
 
     output = _output_name(model, output_index)
@@ -369,6 +425,19 @@ def gradient_status(model: ModelProto, output_index: int = 0) -> tuple[list[str]
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    """Runs ``ort-train inspect``: prints the inputs, outputs and trainable weights of a graph
+    and whether ``fit`` can train it.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The options of ``inspect`` (:func:`build_parser`).
+
+    Returns
+    -------
+    int
+        :data:`EXIT_OK`.
+    """
     model = _load(args.model)
     opsets = ", ".join(f"{o.domain or 'ai.onnx'} {o.version}" for o in model.opset_import)
     print(f"model: {args.model} (IR {model.ir_version}; opsets: {opsets})")
@@ -442,7 +511,15 @@ def _check_output(path: str, option: str, folder: bool) -> None:
 
 
 def save_model_atomically(model: ModelProto, path: str) -> None:
-    """A crash never leaves a half-written model at ``path``."""
+    """Writes a model to ``path`` atomically: a crash never leaves half a model there.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The model to write.
+    path : str
+        The file; missing folders are created.
+    """
     data = model.SerializeToString()
     write_atomically(path, lambda f: f.write(data))
 
@@ -573,7 +650,27 @@ def training_objective(
     model: ModelProto, loss: str, output_index: int, feeds: dict[str, np.ndarray], y: np.ndarray
 ) -> float:
     """The loss ``fit`` trains (reduction mean) on all rows, computed by the same loss graph
-    (add_loss_output), so that eval and fit cannot disagree on a loss's formula."""
+    (:func:`~ort_train_core.add_loss_output`), so that eval and fit cannot disagree on a
+    loss's formula.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The prediction graph.
+    loss : str
+        A loss name of :data:`LOSSES`.
+    output_index : int
+        The output the loss reads.
+    feeds : dict of str to ndarray
+        The graph's inputs.
+    y : ndarray
+        The target, one value (or row) per sample.
+
+    Returns
+    -------
+    float
+        The loss.
+    """
     import onnxruntime
 
     loss_model = add_loss_output(normalise_model(model), score_name=loss, output_index=output_index)
@@ -587,7 +684,25 @@ def training_objective(
 
 
 def regression_metrics(pred: np.ndarray, y: np.ndarray) -> dict[str, float]:
-    """mse, mae and r2 (over all output columns, as scikit-learn's uniform average)."""
+    """Regression metrics over all output columns (scikit-learn's uniform average).
+
+    Parameters
+    ----------
+    pred : ndarray
+        The predictions, one row per sample.
+    y : ndarray
+        The targets, as many columns as ``pred``.
+
+    Returns
+    -------
+    dict of str to float
+        ``'mse'``, ``'mae'`` and ``'r2'``.
+
+    Raises
+    ------
+    ValueError
+        ``pred`` and ``y`` have different numbers of columns.
+    """
     pred = pred.reshape(len(pred), -1).astype(np.float64)
     target = y.reshape(len(y), -1).astype(np.float64)
     if target.shape[1] != pred.shape[1]:
@@ -605,8 +720,28 @@ def regression_metrics(pred: np.ndarray, y: np.ndarray) -> dict[str, float]:
 
 
 def classification_metrics(output: np.ndarray, y: np.ndarray, loss: str) -> dict[str, float]:
-    """``log``: the output holds probabilities; ``cross_entropy``: logits (one column: binary,
-    sigmoid; several: softmax). log_loss: probabilities clipped at 1e-15, as scikit-learn."""
+    """Classification metrics of a model's output.
+
+    Parameters
+    ----------
+    output : ndarray
+        The model's output, one row per sample.
+    y : ndarray
+        The class indices ``0..K-1``.
+    loss : {'log', 'cross_entropy'}
+        ``'log'``: the output holds probabilities; ``'cross_entropy'``: logits (one column:
+        binary, sigmoid; several: softmax).
+
+    Returns
+    -------
+    dict of str to float
+        ``'accuracy'`` and ``'log_loss'`` (probabilities clipped at 1e-15, as scikit-learn).
+
+    Raises
+    ------
+    ValueError
+        ``y`` holds something else than class indices the output scores.
+    """
     out = output.reshape(len(output), -1).astype(np.float64)
     if not np.array_equal(y, np.round(y)) or (y < 0).any():
         raise _UsageError("a classification target holds class indices 0..K-1")
@@ -661,6 +796,23 @@ def _eval_spec(model: ModelProto, loss: str, output_index: int) -> tuple[str, Da
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    """Runs ``ort-train eval``: prints the loss and the metrics of a graph on a data file.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The options of ``eval`` (:func:`build_parser`).
+
+    Returns
+    -------
+    int
+        :data:`EXIT_OK`.
+
+    Raises
+    ------
+    ValueError, OSError
+        Bad options, model or data (:func:`main` exits with :data:`EXIT_BAD_INPUT`).
+    """
     import onnxruntime
 
     model = _load(args.model)
@@ -700,7 +852,19 @@ def _error_text(exc: BaseException) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs one command; returns the exit code (the console script exits with it)."""
+    """Runs one ``ort-train`` command.
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        The arguments; ``sys.argv[1:]`` by default.
+
+    Returns
+    -------
+    int
+        The exit code (the console script exits with it): :data:`EXIT_OK`,
+        :data:`EXIT_TRAINING_FAILED`, :data:`EXIT_BAD_INPUT` or :data:`EXIT_INTERRUPTED`.
+    """
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
