@@ -47,7 +47,8 @@ _TORCH_DTYPES: dict[int, torch.dtype] = {
 }
 
 
-#: torch.utils.dlpack.to_dlpack: 0.4 us against 2.6 for Tensor.__dlpack__ (its Python checks)
+#: torch.utils.dlpack.to_dlpack: Tensor.__dlpack__ runs Python checks that cost several times
+#: more per tensor
 _to_dlpack: Callable[[torch.Tensor], Any] = torch.utils.dlpack.to_dlpack  # type: ignore[attr-defined]
 
 
@@ -56,6 +57,16 @@ def ortvalue_from_tensor(tensor: torch.Tensor) -> Any:
 
     A non-contiguous tensor is made contiguous first (a copy), as onnxruntime reads dense
     row-major buffers. onnxruntime refuses DLPack bool tensors: they go as uint8 flagged bool.
+
+    Parameters
+    ----------
+    tensor : torch.Tensor
+        The tensor, on CPU or a CUDA device; it is detached.
+
+    Returns
+    -------
+    onnxruntime.capi.onnxruntime_pybind11_state.OrtValue
+        The OrtValue, on the tensor's device.
     """
     t = tensor.detach()
     if not t.is_contiguous():
@@ -81,6 +92,11 @@ def wait_for_torch(device: torch.device) -> None:
     torch writes the inputs and output gradients on its current stream; onnxruntime reads them
     on its own stream, which knows nothing of torch's. Its runs end synchronised (onnxruntime's
     default), so what it hands back is ready for any torch stream.
+
+    Parameters
+    ----------
+    device : torch.device
+        The device; nothing happens for a CPU.
     """
     if device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()
@@ -92,7 +108,18 @@ _from_dlpack: Callable[[Any], torch.Tensor] = torch._C._from_dlpack
 
 def tensors_from_ortvalues(values: Any) -> list[torch.Tensor]:
     """Torch tensors over every OrtValue of an ``OrtValueVector`` (no copy), converted in one
-    onnxruntime call instead of one Python round trip per value."""
+    onnxruntime call instead of one Python round trip per value.
+
+    Parameters
+    ----------
+    values : OrtValueVector
+        The values.
+
+    Returns
+    -------
+    list of torch.Tensor
+        One tensor per value, bool values as ``torch.bool``.
+    """
     tensors: list[torch.Tensor] = values.to_dlpacks(_from_dlpack)
     for k in values.bool_tensor_indices():  # bool crosses DLPack as uint8
         tensors[k] = tensors[k].to(torch.bool)
@@ -100,9 +127,20 @@ def tensors_from_ortvalues(values: Any) -> list[torch.Tensor]:
 
 
 def tensor_from_ortvalue(value: Any) -> torch.Tensor:
-    """A torch tensor over an OrtValue's memory (no copy)."""
+    """A torch tensor over an OrtValue's memory (no copy).
+
+    Parameters
+    ----------
+    value : onnxruntime.capi.onnxruntime_pybind11_state.OrtValue
+        The value, on CPU or a CUDA device.
+
+    Returns
+    -------
+    torch.Tensor
+        The tensor, on the value's device; a bool value gives a ``torch.bool`` tensor.
+    """
     tensor = torch.utils.dlpack.from_dlpack(value.to_dlpack())
-    # bool crosses DLPack as uint8; ask onnxruntime only then (data_type() costs about 1 us)
+    # bool crosses DLPack as uint8; ask onnxruntime only then (data_type() is a call into it)
     if tensor.dtype == torch.uint8 and value.data_type() == "tensor(bool)":
         tensor = tensor.to(torch.bool)
     return tensor
@@ -233,6 +271,31 @@ class OnnxModule(nn.Module):
     that require them and for the parameters. Otherwise (``eval()``, ``torch.no_grad()``) an
     inference session runs and nothing is kept. One forward/backward graph is built per device
     and per set of inputs requiring a gradient, on first use.
+
+    Parameters
+    ----------
+    model_onnx : onnx.ModelProto, bytes, str or os.PathLike
+        The ONNX graph, in memory (serialized or not) or as a file (read by
+        :func:`ort_train_core.load_model`); it is not modified.
+    weights_to_train : sequence of str, optional
+        The initializers to train, by ONNX name; by default every float initializer the
+        outputs depend on through values with a gradient.
+
+    Attributes
+    ----------
+    input_names : list of str
+        The graph's inputs, in the order ``forward`` takes them.
+    output_names : list of str
+        The graph's outputs, in the order ``forward`` returns them.
+    onnx_names : dict of str to str
+        The ONNX name of each parameter, by attribute name.
+
+    Raises
+    ------
+    GraphNotDifferentiableError
+        An operator between the weights and the outputs has no gradient.
+    ValueError, TypeError
+        A malformed model, an unknown weight name, a ``model_onnx`` of another type.
     """
 
     def __init__(
@@ -304,8 +367,8 @@ class OnnxModule(nn.Module):
         return self._graphs[key]
 
     def _params(self) -> list[nn.Parameter]:
-        """The parameters in ONNX order, read from ``_parameters`` (nn.Module.__getattr__ costs
-        about 1 us a parameter, a tenth of a small step's overhead)."""
+        """The parameters in ONNX order, read from ``_parameters``: nn.Module.__getattr__ would
+        add a noticeable share of a small step's overhead per parameter."""
         parameters = self._parameters
         params: list[nn.Parameter] = []
         for attr, name in self.onnx_names.items():
@@ -362,6 +425,26 @@ class OnnxModule(nn.Module):
                 )
 
     def forward(self, *inputs: torch.Tensor) -> Any:
+        """Runs the graph.
+
+        Parameters
+        ----------
+        *inputs : torch.Tensor
+            The graph's inputs in the order of :attr:`input_names`, with the dtypes and shapes
+            it declares, on the parameters' device.
+
+        Returns
+        -------
+        torch.Tensor or tuple of torch.Tensor
+            The output, or a tuple when the graph has several.
+
+        Raises
+        ------
+        TypeError
+            Not as many tensors as inputs, or a tensor of another dtype.
+        ValueError
+            A tensor on another device or of another shape; an empty batch in training.
+        """
         params = self._params()
         device = params[0].device if params else (inputs[0].device if inputs else torch.device("cpu"))
         self._check_inputs(inputs, device)
@@ -394,13 +477,25 @@ class OnnxModule(nn.Module):
 
     # ---- export -----------------------------------------------------------------------------
     def to_onnx(self) -> ModelProto:
-        """The graph with the current parameter values as its initializers."""
+        """The graph with the current parameter values as its initializers.
+
+        Returns
+        -------
+        onnx.ModelProto
+            A new model.
+        """
         values = {name: getattr(self, attr).detach().cpu().numpy() for attr, name in self.onnx_names.items()}
         model: ModelProto = inputs_to_initializers(self._model, values)
         return model
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Writes :meth:`to_onnx` to ``path``."""
+        """Writes :meth:`to_onnx` to ``path``.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            The ``.onnx`` file to write.
+        """
         onnx.save(self.to_onnx(), os.fspath(path))
 
 
