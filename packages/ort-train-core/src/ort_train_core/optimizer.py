@@ -36,7 +36,7 @@ CPU_ONE_THREAD_MAX_WORK = 1_500_000
 
 #: fused graphs built in this process, by (trainable graph, loss, weights, batch, learning rate,
 #: device): a new trainer over the same architecture (a scikit-learn fit, a grid-search
-#: candidate) skips the gradient builder (5-10 ms for an MLP); the sessions are cached apart
+#: candidate) skips the gradient builder, the slow part of building one; the sessions are cached apart
 _FUSED_GRAPHS: OrderedDict[tuple[Any, ...], tuple[ModelProto, FusedStepSignature, int | None]] = OrderedDict()
 MAX_CACHED_FUSED_GRAPHS = 32
 
