@@ -39,14 +39,35 @@ __all__ = ["CHECKPOINT_FILE", "checkpoint_info", "model_fingerprint", "read_chec
 
 def model_fingerprint(model: ModelProto) -> str:
     """sha256 of a graph's deterministic serialization: the same architecture (trained weights
-    as inputs, so their values do not count) gives the same fingerprint in any process."""
+    as inputs, so their values do not count) gives the same fingerprint in any process.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The model; only its graph counts.
+
+    Returns
+    -------
+    str
+        The hexadecimal digest.
+    """
     return hashlib.sha256(model.graph.SerializeToString(deterministic=True)).hexdigest()
 
 
 def write_checkpoint(
     path: str | os.PathLike[str], arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]
 ) -> None:
-    """Writes ``arrays`` and the JSON-serializable ``meta`` to ``path`` atomically."""
+    """Writes a checkpoint file atomically (:func:`write_atomically`).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The ``.npz`` file to write; missing folders are created.
+    arrays : mapping of str to ndarray
+        The arrays, by key (not ``'meta'``).
+    meta : mapping of str to object
+        A JSON-serializable document, stored with the format name and version.
+    """
     path = os.fspath(path)
     document = {"format": FORMAT, "format_version": FORMAT_VERSION, **meta}
     payload = {k: np.asarray(v, order="C") for k, v in arrays.items()}
@@ -60,7 +81,22 @@ def write_atomically(path: str, write: Callable[[BinaryIO], object], prefix: str
     replaces ``path``: a crash (even SIGKILL) leaves the old file or the new one, never half of
     one (at worst a hidden temporary, which the next write in that folder removes).
 
-    The file gets the mode any file the user creates gets (0o666 less the umask)."""
+    The file gets the mode any file the user creates gets (0o666 less the umask).
+
+    Parameters
+    ----------
+    path : str
+        The file to write; missing folders are created.
+    write : callable
+        Writes the content to the binary file it is given.
+    prefix : str, default='.ort-train-'
+        The start of the temporary file's name.
+
+    Raises
+    ------
+    OSError
+        The folder cannot be written; ``path`` is left as it was.
+    """
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     _remove_stale_temporaries(folder, prefix)
@@ -81,7 +117,18 @@ def write_atomically(path: str, write: Callable[[BinaryIO], object], prefix: str
 def check_writable_folder(folder: str) -> None:
     """Raises the OSError a write in ``folder`` would raise (no permission, read-only file
     system...), by creating and removing a temporary there: what the process may really do,
-    which ``os.access`` does not tell (root, ACLs, read-only mounts)."""
+    which ``os.access`` does not tell (root, ACLs, read-only mounts).
+
+    Parameters
+    ----------
+    folder : str
+        An existing folder.
+
+    Raises
+    ------
+    OSError
+        A file cannot be created in ``folder``.
+    """
     fd, tmp = _create_temporary(folder, ".ort-train-")
     os.close(fd)
     os.unlink(tmp)
@@ -146,7 +193,28 @@ def _remove_stale_temporaries(folder: str, prefix: str) -> None:
 
 
 def read_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """(arrays, meta) of a checkpoint; ValueError when the file is not one."""
+    """Reads a checkpoint file without pickle.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The ``.npz`` file.
+
+    Returns
+    -------
+    arrays : dict of str to ndarray
+        The arrays, by key.
+    meta : dict of str to object
+        The JSON document.
+
+    Raises
+    ------
+    FileNotFoundError, IsADirectoryError
+        The file is missing, or is a folder.
+    ValueError
+        The file is not an ort-train checkpoint of this format version (not a regular file,
+        not a zip of ``.npy`` arrays, forged headers, pickled objects, a bad meta document).
+    """
     path = check_regular_file(path, "checkpoint")  # a FIFO would block the read
     # not a zip, truncated, headers that are missing, forged or declare pickled objects:
     # ValueError naming the file, before any allocation a header merely claims
@@ -205,7 +273,23 @@ def _parse_meta(text: str) -> dict[str, Any]:
 
 def checkpoint_info(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The JSON part of a checkpoint (``n_iter_``, ``n_steps``, losses...): cheap progress
-    polling for a run in another process."""
+    polling for a run in another process.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The checkpoint file.
+
+    Returns
+    -------
+    dict of str to object
+        The meta document of :func:`read_checkpoint`.
+
+    Raises
+    ------
+    FileNotFoundError, IsADirectoryError, ValueError
+        As :func:`read_checkpoint`.
+    """
     return read_checkpoint(path)[1]
 
 
