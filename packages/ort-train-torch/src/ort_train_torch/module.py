@@ -349,6 +349,13 @@ class OnnxModule(nn.Module):
         return state
 
     def extra_repr(self) -> str:
+        """The inputs, outputs and parameters (ONNX names) shown in the module's ``repr``.
+
+        Returns
+        -------
+        str
+            One line.
+        """
         names = list(self.onnx_names.values())
         return f"inputs={self.input_names}, outputs={self.output_names}, parameters={names}"
 
