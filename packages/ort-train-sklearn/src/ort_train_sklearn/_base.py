@@ -10,11 +10,11 @@ import math
 import os
 import warnings
 from numbers import Integral, Real
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from onnx import ModelProto
-from sklearn.base import BaseEstimator
+from sklearn.base import BaseEstimator, _fit_context
 from sklearn.exceptions import ConvergenceWarning, DataConversionWarning
 from sklearn.model_selection import train_test_split
 from sklearn.utils import check_random_state
@@ -33,7 +33,11 @@ from ort_train_core import (
     parse_device,
 )
 
-from ._graphs import classifier_head
+from ._graphs import classifier_head, probabilities
+
+_Estimator = TypeVar("_Estimator", bound="OrtEstimatorMixin")
+#: X, y and the sample weights (None: all 1) of a fit
+_Arrays = tuple[np.ndarray, np.ndarray, np.ndarray | None]
 
 _COMMON_CONSTRAINTS: dict[str, list[Any]] = {
     "max_iter": [Interval(Integral, 1, None, closed="left")],
@@ -127,7 +131,7 @@ class OrtEstimatorMixin(BaseEstimator):
                     "A column-vector y was passed when a 1d array was expected. Please change the "
                     "shape of y to (n_samples,), for example using ravel().",
                     DataConversionWarning,
-                    stacklevel=4,
+                    stacklevel=5,
                 )
                 y = y[:, 0]
             n_outputs = 1 if y.ndim == 1 else y.shape[1]
@@ -168,24 +172,94 @@ class OrtEstimatorMixin(BaseEstimator):
         labels in y, as in scikit-learn. The logit columns follow this order."""
         return np.unique(y) if classes is None else unique_labels(classes)
 
-    def resume(self, X: Any, y: Any, sample_weight: Any = None) -> Any:
-        """Continues the fit saved in ``checkpoint_dir`` (same data and parameters) up to
+    def _start_fit(self, X: Any, y: Any) -> None:
+        """What a fit from scratch does before reading the data (estimators that train a given
+        model convert it here)."""
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self: _Estimator, X: Any, y: Any, sample_weight: Any = None) -> _Estimator:
+        """Trains on (X, y) for ``max_iter`` epochs (fewer with ``tol``), from the initial
+        weights, or from the current ones with ``warm_start=True``.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Training samples (computed in float32).
+        y : array-like of shape (n_samples,) or (n_samples, n_outputs)
+            Targets: class labels for a classifier.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Weights of the samples (non-negative, not all zero); None gives each weight 1.
+
+        Returns
+        -------
+        self
+            The fitted estimator.
+        """
+        return self._fit(X, y, sample_weight)
+
+    def resume(self: _Estimator, X: Any, y: Any, sample_weight: Any = None) -> _Estimator:
+        """Continues the fit saved in ``checkpoint_dir`` (same model, data and parameters) up to
         ``max_iter`` epochs in all, ending at the weights an uninterrupted ``fit`` reaches; a
-        plain fit when no checkpoint exists yet."""
+        plain fit when no checkpoint exists yet.
+
+        Parameters
+        ----------
+        X, y, sample_weight
+            The arguments of the interrupted :meth:`fit`.
+
+        Returns
+        -------
+        self
+            The fitted estimator.
+
+        Raises
+        ------
+        ValueError
+            Without ``checkpoint_dir``, or when the checkpoint belongs to other data or
+            parameters (``ort_train_core.exceptions.CheckpointMismatchError``).
+        """
         if self.checkpoint_dir is None:
             raise ValueError("resume() needs checkpoint_dir, the folder fit() writes its checkpoints to")
         return self._fit(X, y, sample_weight, resume=True)
 
     def _fit(
-        self,
+        self: _Estimator,
         X: Any,
         y: Any,
         sample_weight: Any = None,
         incremental: bool = False,
         classes: Any = None,
         resume: bool = False,
-    ) -> OrtEstimatorMixin:
+    ) -> _Estimator:
+        """fit, partial_fit (``incremental``: one epoch, no validation split) and resume."""
         first = not ((incremental or self.warm_start) and hasattr(self, "_trainer")) or resume
+        if first:
+            self._start_fit(X, y)
+        X, y_enc, sw, n_outputs = self._fit_arrays(X, y, sample_weight, first, classes)
+        rng = check_random_state(self.random_state)
+        if first:  # the initial weights take the first draws, as in scikit-learn
+            model = self._initial_graph(X.shape[1], n_outputs, rng)
+        validation = None
+        if self.early_stopping and not incremental:
+            (X, y_enc, sw), validation = self._split_validation(X, y_enc, sw, rng)
+        if first:
+            mean_weight = 1.0 if sw is None or self._rows_weighted else float(np.mean(sw, dtype=np.float64))
+            self._trainer = self._make_trainer(model, X.shape[0], n_outputs, rng, mean_weight)
+        trainer = self._trainer
+        trainer.max_iter = 1 if incremental else self.max_iter
+        trainer.tol = None if incremental or self.tol is None else self.tol * self._report_scale
+        trainer.n_iter_no_change = self.n_iter_no_change
+        trainer.shuffle = self.shuffle
+        epochs_before = int(getattr(trainer, "n_iter_", 0))
+        self._train(trainer.resume if resume else trainer.fit, (X, y_enc, sw), validation)
+        self._store_history(trainer, epochs_before)
+        return self
+
+    def _fit_arrays(
+        self, X: Any, y: Any, sample_weight: Any, first: bool, classes: Any
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
+        """X in float32, y encoded (labels as class indices), the sample weights in float32
+        (zero-weight rows dropped where the batch loss is a weighted mean) and n_outputs."""
         X, y = validate_data(
             self,
             X,
@@ -197,57 +271,58 @@ class OrtEstimatorMixin(BaseEstimator):
         )
         X = _to_float32("X", X)
         y_enc, n_outputs = self._prepare_targets(y, first, classes)
-        sw = None
-        if sample_weight is not None:
-            # checked in float64, then cast: a weight beyond float32 is refused by _to_float32
-            # (scikit-learn's own cast would overflow with a RuntimeWarning first)
-            sw = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True)
-            sw = _to_float32("sample_weight", sw)
-            if not sw.any():
-                raise ValueError("sample_weight is all zeros: there is nothing to learn from")
-            if not self._rows_weighted and not sw.all():
-                # a weighted batch mean ignores zero-weight rows: drop them rather than let a
-                # batch of zero weights divide 0 by 0
-                keep = sw > 0
-                X, y_enc, sw = X[keep], y_enc[keep], sw[keep]
-        rng = check_random_state(self.random_state)
-        if first:  # the initial weights take the first draws, as in scikit-learn
-            model = self._initial_graph(X.shape[1], n_outputs, rng)
-        X_val = y_val = sw_val = None
-        if self.early_stopping and not incremental:
-            stratify = y_enc if self._is_classifier else None
-            split = train_test_split(
-                X,
-                y_enc,
-                *([] if sw is None else [sw]),
-                test_size=self.validation_fraction,
-                random_state=rng.randint(2**31 - 1),
-                stratify=stratify,
-            )
-            X, X_val, y_enc, y_val = split[:4]
-            sw, sw_val = (split[4], split[5]) if sw is not None else (None, None)
-        if first:
-            mean_weight = 1.0 if sw is None or self._rows_weighted else float(np.mean(sw, dtype=np.float64))
-            self._trainer = self._make_trainer(model, X.shape[0], n_outputs, rng, mean_weight)
-        trainer = self._trainer
-        trainer.max_iter = 1 if incremental else self.max_iter
-        trainer.tol = None if incremental or self.tol is None else self.tol * self._report_scale
-        trainer.n_iter_no_change = self.n_iter_no_change
-        trainer.shuffle = self.shuffle
-        epochs_before = int(getattr(trainer, "n_iter_", 0))
+        if sample_weight is None:
+            return X, y_enc, None, n_outputs
+        # checked in float64, then cast: a weight beyond float32 is refused by _to_float32
+        # (scikit-learn's own cast would overflow with a RuntimeWarning first)
+        sw = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True)
+        sw = _to_float32("sample_weight", sw)
+        if not sw.any():
+            raise ValueError("sample_weight is all zeros: there is nothing to learn from")
+        if not self._rows_weighted and not sw.all():
+            # a weighted batch mean ignores zero-weight rows: drop them rather than let a batch
+            # of zero weights divide 0 by 0
+            keep = sw > 0
+            X, y_enc, sw = X[keep], y_enc[keep], sw[keep]
+        return X, y_enc, sw, n_outputs
+
+    def _split_validation(
+        self, X: np.ndarray, y_enc: np.ndarray, sw: np.ndarray | None, rng: np.random.RandomState
+    ) -> tuple[_Arrays, _Arrays]:
+        """(training, validation) rows for early stopping: ``validation_fraction`` of them,
+        stratified for classifiers, drawn from ``rng``."""
+        split = train_test_split(
+            X,
+            y_enc,
+            *([] if sw is None else [sw]),
+            test_size=self.validation_fraction,
+            random_state=rng.randint(2**31 - 1),
+            stratify=y_enc if self._is_classifier else None,
+        )
+        X, X_val, y_enc, y_val = split[:4]
+        sw, sw_val = (split[4], split[5]) if sw is not None else (None, None)
+        return (X, y_enc, sw), (X_val, y_val, sw_val)
+
+    def _train(self, run: Any, data: _Arrays, validation: _Arrays | None) -> None:
+        """Runs the trainer's fit (or resume) with scikit-learn's ConvergenceWarning in place of
+        core's; other warnings pass through unchanged."""
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ort_train_core.ConvergenceWarning)
-            (trainer.resume if resume else trainer.fit)(X, y_enc, sw, X_val, y_val, sw_val)
+            run(*data, *(validation or (None, None, None)))
         for w in caught:
             if issubclass(w.category, ort_train_core.ConvergenceWarning):
                 warnings.warn(
                     f"{type(self).__name__}: maximum iterations ({self.max_iter}) reached and the "
                     "optimization hasn't converged yet.",
                     ConvergenceWarning,
-                    stacklevel=3,
+                    stacklevel=4,
                 )
             else:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+    def _store_history(self, trainer: Any, epochs_before: int) -> None:
+        """The fitted attributes: weights, ``n_iter_``, ``loss_curve_``, ``best_loss_`` and the
+        validation scores, in scikit-learn's scale."""
         self._store_weights(trainer.get_state())
         # scikit-learn's n_iter_ counts the epochs of this call; loss_curve_ goes on over warm
         # starts and partial fits
@@ -268,7 +343,6 @@ class OrtEstimatorMixin(BaseEstimator):
             self.best_loss_ = None
             self.best_validation_score_ = max(self.validation_scores_)
         self._sessions: dict[str, Any] = {}
-        return self
 
     def _make_trainer(
         self,
@@ -358,6 +432,8 @@ class OrtEstimatorMixin(BaseEstimator):
 
 
 class OrtRegressorMixin(OrtEstimatorMixin):
+    """The regressors' partial_fit and predict."""
+
     _multi_output = True
 
     def __sklearn_tags__(self) -> Any:
@@ -365,40 +441,100 @@ class OrtRegressorMixin(OrtEstimatorMixin):
         tags.target_tags.multi_output = self._multi_output
         return tags
 
+    def partial_fit(self: _Estimator, X: Any, y: Any, sample_weight: Any = None) -> _Estimator:
+        """One epoch over (X, y), continuing the current weights (from the initial ones on
+        the first call).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Training samples.
+        y : array-like of shape (n_samples,) or (n_samples, n_outputs)
+            Targets.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Weights of the samples; None gives each weight 1.
+
+        Returns
+        -------
+        self
+            The updated estimator.
+        """
+        self._validate_params()
+        return self._fit(X, y, sample_weight, incremental=True)
+
     def predict(self, X: Any) -> np.ndarray:
+        """The trained graph's prediction.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Samples.
+
+        Returns
+        -------
+        ndarray of shape (n_samples,) or (n_samples, n_outputs)
+            Predictions, in X's float type; the shape of the fitted y.
+        """
         (pred,) = self._run("raw", X)
         out: np.ndarray = pred.ravel() if getattr(self, "_y_ndim", 1) == 1 else pred
         return out
 
 
 class OrtClassifierMixin(OrtEstimatorMixin):
+    """The classifiers' partial_fit and predictions from the logits."""
+
     _is_classifier = True
 
-    def _check_first_partial_fit(self, classes: Any) -> None:
-        """scikit-learn's rule: the first partial_fit names every class, since the model has
-        one output per class and a later batch may hold a label the first one lacks."""
+    def partial_fit(
+        self: _Estimator, X: Any, y: Any, classes: Any = None, sample_weight: Any = None
+    ) -> _Estimator:
+        """One epoch over (X, y), continuing the current weights (from the initial ones on
+        the first call).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Training samples.
+        y : array-like of shape (n_samples,)
+            Class labels, all in ``classes``.
+        classes : array-like of shape (n_classes,), default=None
+            Every label y may hold: required on the first call (the model has one output per
+            class), the same set or None later. A classifier of a given model takes that
+            model's classes, in any order.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Weights of the samples; None gives each weight 1.
+
+        Returns
+        -------
+        self
+            The updated estimator.
+        """
+        self._validate_params()
+        # scikit-learn's rule: the first partial_fit names every class, since the model has one
+        # output per class and a later batch may hold a label the first one lacks
         if classes is None and not hasattr(self, "_trainer"):
             raise ValueError(
                 "classes must be passed on the first call to partial_fit: every label y may hold"
             )
+        return self._fit(X, y, sample_weight, incremental=True, classes=classes)
 
     def decision_function(self, X: Any) -> np.ndarray:
+        """The logits.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Samples.
+
+        Returns
+        -------
+        ndarray of shape (n_samples,) or (n_samples, n_classes)
+            One logit per sample for two classes (that of ``classes_[1]``), one per class
+            otherwise; in X's float type.
+        """
         (scores,) = self._run("raw", X)
         out: np.ndarray = scores.ravel() if scores.shape[1] == 1 else scores
         return out
-
-    def _shifted_logits(self, X: Any) -> tuple[np.ndarray, np.dtype]:
-        """The logits in float64, one column per class (a binary model's one logit z as the
-        pair [0, z]), minus each row's largest (so that exp() cannot overflow); and X's float
-        type, that of the result."""
-        (scores,) = self._run("raw", X)
-        # float32 logits are exact in float64; an inf (an overflowed float32 sum) becomes the
-        # largest float32 so that the differences below stay numbers instead of NaN
-        bound = float(np.finfo(np.float32).max)
-        z = np.clip(scores.astype(np.float64), -bound, bound)
-        if z.shape[1] == 1:
-            z = np.column_stack([np.zeros(len(z)), z])
-        return z - z.max(axis=1, keepdims=True), scores.dtype
 
     def predict_proba(self, X: Any) -> np.ndarray:
         """Class probabilities, columns in the order of ``classes_``.
@@ -418,9 +554,8 @@ class OrtClassifierMixin(OrtEstimatorMixin):
         ndarray of shape (n_samples, n_classes)
             Probabilities, in X's float type.
         """
-        shifted, dtype = self._shifted_logits(X)
-        e = np.exp(shifted)
-        out: np.ndarray = (e / e.sum(axis=1, keepdims=True)).astype(dtype, copy=False)
+        (scores,) = self._run("raw", X)
+        out: np.ndarray = probabilities(scores).astype(scores.dtype, copy=False)
         return out
 
     def predict_log_proba(self, X: Any) -> np.ndarray:
@@ -437,12 +572,23 @@ class OrtClassifierMixin(OrtEstimatorMixin):
         ndarray of shape (n_samples, n_classes)
             Log-probabilities, in X's float type.
         """
-        shifted, dtype = self._shifted_logits(X)
-        log_proba = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-        out: np.ndarray = log_proba.astype(dtype, copy=False)
+        (scores,) = self._run("raw", X)
+        out: np.ndarray = probabilities(scores, log=True).astype(scores.dtype, copy=False)
         return out
 
     def predict(self, X: Any) -> np.ndarray:
+        """The most probable class of each sample.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Samples.
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+            Labels from ``classes_``.
+        """
         proba = self.predict_proba(X)
         labels: np.ndarray = self.classes_[np.argmax(proba, axis=1)]
         return labels

@@ -66,6 +66,8 @@ from ort_train_core.graph import (
     prune_to_outputs,
 )
 
+from ._graphs import probabilities
+
 __all__ = [
     "SUPPORTED_CLASSIFIERS",
     "SUPPORTED_REGRESSORS",
@@ -810,16 +812,6 @@ def _output_shape(model: ModelProto, x_name: str, sample: np.ndarray) -> tuple[i
     return tuple(int(d) for d in _run(model, x_name, sample).shape)
 
 
-def _sigmoid(z: np.ndarray) -> np.ndarray:
-    # the tanh form: 1 / (1 + exp(-z)) overflows (a RuntimeWarning) for z < -709
-    return np.asarray(0.5 * (1.0 + np.tanh(0.5 * z)))
-
-
-def _softmax(z: np.ndarray) -> np.ndarray:
-    e = np.exp(z - z.max(axis=1, keepdims=True))
-    return np.asarray(e / e.sum(axis=1, keepdims=True))
-
-
 def _check_outputs(
     model: ModelProto, sample: np.ndarray, reference: np.ndarray, kind: str, probability: str | None
 ) -> None:
@@ -834,11 +826,9 @@ def _check_outputs(
             raise ValueError("the trainable graph does not reproduce the model's prediction")
         return
     ref = ref.reshape(len(sample), -1)
-    if probability == "sigmoid":
-        p1 = _sigmoid(got[:, 0])
-        expected = np.stack([1.0 - p1, p1], axis=1) if ref.shape[1] == 2 else p1.reshape(-1, 1)
-    else:
-        expected = _softmax(got)
+    expected = probabilities(got)
+    if ref.shape[1] == 1 and probability == "sigmoid":  # a graph giving P(class 1) only
+        expected = expected[:, 1:]
     if expected.shape != ref.shape or not np.allclose(expected, ref, rtol=0, atol=_PROBA_ATOL):
         raise ValueError(
             f"the {probability} of the logits found in the graph does not reproduce its probabilities"

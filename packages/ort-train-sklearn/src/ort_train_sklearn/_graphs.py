@@ -1,5 +1,6 @@
 """ONNX graphs the estimators train and ship: dense layers from numpy weights, and the
-deployable classifier head (probabilities and label) on top of trained logits."""
+classifier head on top of trained logits, in ONNX (probabilities and label, deployed) and in
+numpy (the probabilities predict_proba returns and the conversion checks)."""
 
 from __future__ import annotations
 
@@ -98,3 +99,23 @@ def classifier_head(model: ModelProto, output: str, classes: np.ndarray) -> Mode
     )
     onnx.checker.check_model(out)
     return out
+
+
+def probabilities(logits: np.ndarray, log: bool = False) -> np.ndarray:
+    """The softmax of the logits in float64, one column per class: a binary model's one
+    logit z is the pair [0, z], so its columns are [1 - sigmoid(z), sigmoid(z)].
+    ``log=True``: the log-softmax, finite where a probability rounds to 0."""
+    # float32 logits are exact in float64; an inf (an overflowed float32 sum) becomes the
+    # largest float32 so that the differences below stay numbers instead of NaN
+    bound = float(np.finfo(np.float32).max)
+    z = np.clip(np.asarray(logits, dtype=np.float64), -bound, bound)
+    if z.shape[1] == 1:
+        z = np.column_stack([np.zeros(len(z)), z])
+    # minus each row's largest, so that exp() cannot overflow
+    shifted = z - z.max(axis=1, keepdims=True)
+    if log:
+        out: np.ndarray = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        return out
+    e = np.exp(shifted)
+    proba: np.ndarray = e / e.sum(axis=1, keepdims=True)
+    return proba

@@ -8,13 +8,38 @@ from typing import Any
 
 import numpy as np
 from onnx import ModelProto
-from sklearn.base import ClassifierMixin, RegressorMixin, _fit_context
+from sklearn.base import ClassifierMixin, RegressorMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from ort_train_core import BaseLearningRate, LearningRateSGD
+from ort_train_core.graph import initializer_values
 
 from ._base import _COMMON_CONSTRAINTS, OrtClassifierMixin, OrtEstimatorMixin, OrtRegressorMixin
+from ._docs import fill_doc
 from ._graphs import dense_graph, layer_names
+
+#: the parameters both SGD estimators document alike
+_SGD_ENTRIES: dict[str, tuple[str, str]] = {
+    "penalty": (
+        "{'l2', 'l1', 'elasticnet'} or None",
+        "The penalty on the coefficients (not the intercept), as scikit-learn's: alpha times\n"
+        "``||w||^2 / 2`` ('l2'), ``||w||_1`` ('l1') or their mix ('elasticnet'); None: none.",
+    ),
+    "alpha": ("float", "Multiplies the penalty; also the decay of ``learning_rate='optimal'``."),
+    "l1_ratio": ("float", "The share of l1 in the 'elasticnet' penalty, in [0, 1]."),
+    "fit_intercept": ("bool", "Whether to train the intercept (otherwise it stays 0)."),
+    "learning_rate": (
+        "{'constant', 'optimal', 'invscaling'}",
+        "The step size at epoch t (from 0): ``eta0`` ('constant'), ``eta0 / (t + 1) ** power_t``\n"
+        "('invscaling') or ``eta0 / (1 + alpha * eta0 * t)`` ('optimal').",
+    ),
+    "eta0": ("float", "The initial learning rate, for scikit-learn's loss scale."),
+    "power_t": ("float", "The exponent of ``learning_rate='invscaling'``."),
+    "batch_size": (
+        "int",
+        "Rows per step; 1 is per-sample SGD as scikit-learn does it. A sample weight scales\nits row's step.",
+    ),
+}
 
 
 class _OrtSGDBase(OrtEstimatorMixin):
@@ -69,8 +94,6 @@ class _OrtSGDBase(OrtEstimatorMixin):
         self._store_linear(coef, intercept)
 
     def _raw_intercept(self) -> np.ndarray:
-        from ort_train_core.graph import initializer_values
-
         _, intercept_name = layer_names(1)[0]
         return initializer_values(self._raw_model, [intercept_name])[intercept_name]
 
@@ -78,8 +101,52 @@ class _OrtSGDBase(OrtEstimatorMixin):
         raise NotImplementedError
 
 
+@fill_doc(_SGD_ENTRIES)
 class OrtSGDRegressor(OrtRegressorMixin, RegressorMixin, _OrtSGDBase):
-    """Linear regression by minibatch SGD in onnxruntime (squared or absolute error)."""
+    """Linear regression by minibatch SGD in onnxruntime (squared or absolute error).
+
+    Takes the parameters of scikit-learn's ``SGDRegressor`` and sets its fitted attributes.
+
+    Parameters
+    ----------
+    loss : {'squared_error', 'absolute_error'}, default='squared_error'
+        The loss of each sample: ``(y - p)^2 / 2`` or ``|y - p|``.
+    %(penalty)s
+    %(alpha)s
+    %(l1_ratio)s
+    %(fit_intercept)s
+    %(max_iter)s
+    %(tol)s
+    %(shuffle)s
+    %(verbose)s
+    %(random_state)s
+    %(learning_rate)s
+    %(eta0)s
+    %(power_t)s
+    %(early_stopping)s
+    %(validation_fraction)s
+    %(n_iter_no_change)s
+    %(warm_start)s
+    %(batch_size)s
+    %(device)s
+    %(training)s
+    %(checkpoint_dir)s
+    %(checkpoint_every)s
+
+    Attributes
+    ----------
+    coef_ : ndarray of shape (n_features,)
+        The coefficients.
+    intercept_ : ndarray of shape (1,)
+        The intercept.
+    %(n_features_in_)s
+    %(feature_names_in_)s
+    %(n_iter_)s
+    %(loss_curve_)s
+    %(best_loss_)s
+    %(validation_scores_)s
+    %(best_validation_score_)s
+    """
 
     _multi_output = False
 
@@ -147,21 +214,56 @@ class OrtSGDRegressor(OrtRegressorMixin, RegressorMixin, _OrtSGDBase):
         self.coef_ = coef.ravel().astype(np.float64)
         self.intercept_ = np.asarray(intercept, dtype=np.float64).reshape(-1)
 
-    @_fit_context(prefer_skip_nested_validation=True)
-    def fit(self, X: Any, y: Any, sample_weight: Any = None) -> OrtSGDRegressor:
-        self._fit(X, y, sample_weight)
-        return self
 
-    def partial_fit(self, X: Any, y: Any, sample_weight: Any = None) -> OrtSGDRegressor:
-        """One epoch over (X, y), continuing the current weights."""
-        self._validate_params()
-        self._fit(X, y, sample_weight, incremental=True)
-        return self
-
-
+@fill_doc(_SGD_ENTRIES)
 class OrtSGDClassifier(OrtClassifierMixin, ClassifierMixin, _OrtSGDBase):
     """Linear classification by minibatch SGD on the log loss in onnxruntime: one logit and a
-    sigmoid for two classes, one logit per class and a softmax for more (not one-vs-rest)."""
+    sigmoid for two classes, one logit per class and a softmax for more (not one-vs-rest).
+
+    Takes the parameters of scikit-learn's ``SGDClassifier`` and sets its fitted attributes.
+
+    Parameters
+    ----------
+    loss : {'log_loss'}, default='log_loss'
+        The log loss (cross-entropy) of the probabilities.
+    %(penalty)s
+    %(alpha)s
+    %(l1_ratio)s
+    %(fit_intercept)s
+    %(max_iter)s
+    %(tol)s
+    %(shuffle)s
+    %(verbose)s
+    %(random_state)s
+    %(learning_rate)s
+    %(eta0)s
+    %(power_t)s
+    %(early_stopping)s
+    %(validation_fraction)s
+    %(n_iter_no_change)s
+    %(warm_start)s
+    %(batch_size)s
+    %(device)s
+    %(training)s
+    %(checkpoint_dir)s
+    %(checkpoint_every)s
+
+    Attributes
+    ----------
+    coef_ : ndarray of shape (1, n_features) or (n_classes, n_features)
+        The coefficients: one row (that of ``classes_[1]``) for two classes, one per class
+        otherwise.
+    intercept_ : ndarray of shape (1,) or (n_classes,)
+        The intercepts.
+    %(classes_)s
+    %(n_features_in_)s
+    %(feature_names_in_)s
+    %(n_iter_)s
+    %(loss_curve_)s
+    %(best_loss_)s
+    %(validation_scores_)s
+    %(best_validation_score_)s
+    """
 
     _parameter_constraints = {**_OrtSGDBase._parameter_constraints, "loss": [StrOptions({"log_loss"})]}
 
@@ -220,15 +322,3 @@ class OrtSGDClassifier(OrtClassifierMixin, ClassifierMixin, _OrtSGDBase):
     def _store_linear(self, coef: np.ndarray, intercept: np.ndarray) -> None:
         self.coef_ = np.atleast_2d(coef).astype(np.float64)
         self.intercept_ = np.asarray(intercept, dtype=np.float64).reshape(-1)
-
-    @_fit_context(prefer_skip_nested_validation=True)
-    def fit(self, X: Any, y: Any, sample_weight: Any = None) -> OrtSGDClassifier:
-        self._fit(X, y, sample_weight)
-        return self
-
-    def partial_fit(self, X: Any, y: Any, classes: Any = None, sample_weight: Any = None) -> OrtSGDClassifier:
-        """One epoch over (X, y); ``classes`` is required on the first call."""
-        self._validate_params()
-        self._check_first_partial_fit(classes)
-        self._fit(X, y, sample_weight, incremental=True, classes=classes)
-        return self

@@ -9,13 +9,43 @@ from typing import Any
 
 import numpy as np
 from onnx import ModelProto
-from sklearn.base import ClassifierMixin, RegressorMixin, _fit_context
+from sklearn.base import ClassifierMixin, RegressorMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from ort_train_core import BaseLearningRate, LearningRateAdam, LearningRateSGD, LearningRateSGDNesterov
 
 from ._base import _COMMON_CONSTRAINTS, OrtClassifierMixin, OrtEstimatorMixin, OrtRegressorMixin
+from ._docs import fill_doc
 from ._graphs import dense_graph, layer_names
+
+#: the parameters and attributes both MLPs document alike
+_MLP_ENTRIES: dict[str, tuple[str, str]] = {
+    "hidden_layer_sizes": ("array-like of int or int", "The width of each hidden layer."),
+    "activation": (
+        "{'identity', 'logistic', 'tanh', 'relu'}",
+        "The activation of the hidden layers; the initial weights are scikit-learn's Glorot\n"
+        "uniform draws for it.",
+    ),
+    "solver": ("{'sgd', 'adam'}", "The optimizer (scikit-learn's 'lbfgs' is not offered)."),
+    "alpha": ("float", "The strength of the l2 penalty on the coefficient matrices, as scikit-learn's."),
+    "batch_size": ("int or 'auto'", "Rows per step; 'auto' is ``min(200, n_samples)``."),
+    "learning_rate": (
+        "{'constant', 'invscaling'}",
+        "The step size of 'sgd' at epoch t (from 0): ``learning_rate_init`` or\n"
+        "``learning_rate_init / (t + 1) ** power_t``.",
+    ),
+    "learning_rate_init": ("float", "The initial learning rate, for scikit-learn's loss scale."),
+    "power_t": ("float", "The exponent of ``learning_rate='invscaling'``."),
+    "momentum": ("float", "The momentum of 'sgd', in [0, 1]; 0 gives plain SGD."),
+    "nesterovs_momentum": ("bool", "Whether 'sgd' with momentum takes Nesterov's step."),
+    "beta_1": ("float", "Adam's decay of the first moment, in [0, 1)."),
+    "beta_2": ("float", "Adam's decay of the second moment, in [0, 1)."),
+    "epsilon": ("float", "Adam's epsilon, for scikit-learn's loss scale."),
+    "coefs_": ("list of ndarray", "The coefficient matrix of each layer, of shape (fan_in, fan_out)."),
+    "intercepts_": ("list of ndarray", "The intercept vector of each layer."),
+    "n_layers_": ("int", "Number of layers, input and output included."),
+    "n_outputs_": ("int", "Number of outputs."),
+}
 
 
 class _OrtMLPBase(OrtEstimatorMixin):
@@ -105,8 +135,59 @@ class _OrtMLPBase(OrtEstimatorMixin):
             self.out_activation_ = "logistic" if self.n_outputs_ == 1 else "softmax"
 
 
+@fill_doc(_MLP_ENTRIES)
 class OrtMLPRegressor(OrtRegressorMixin, RegressorMixin, _OrtMLPBase):
-    """An MLP regressor (identity output, squared error) trained by onnxruntime."""
+    """An MLP regressor (identity output, squared error) trained by onnxruntime.
+
+    Takes the parameters of scikit-learn's ``MLPRegressor`` and sets its fitted attributes.
+
+    Parameters
+    ----------
+    loss : {'squared_error'}, default='squared_error'
+        The loss: ``(y - p)^2 / 2`` summed over the outputs.
+    %(hidden_layer_sizes)s
+    %(activation)s
+    %(solver)s
+    %(alpha)s
+    %(batch_size)s
+    %(learning_rate)s
+    %(learning_rate_init)s
+    %(power_t)s
+    %(max_iter)s
+    %(shuffle)s
+    %(random_state)s
+    %(tol)s
+    %(verbose)s
+    %(warm_start)s
+    %(momentum)s
+    %(nesterovs_momentum)s
+    %(early_stopping)s
+    %(validation_fraction)s
+    %(beta_1)s
+    %(beta_2)s
+    %(epsilon)s
+    %(n_iter_no_change)s
+    %(device)s
+    %(training)s
+    %(checkpoint_dir)s
+    %(checkpoint_every)s
+
+    Attributes
+    ----------
+    %(coefs_)s
+    %(intercepts_)s
+    %(n_layers_)s
+    %(n_outputs_)s
+    %(n_features_in_)s
+    %(feature_names_in_)s
+    %(n_iter_)s
+    %(loss_curve_)s
+    %(best_loss_)s
+    %(validation_scores_)s
+    %(best_validation_score_)s
+    out_activation_ : str
+        'identity'.
+    """
 
     _parameter_constraints = {**_OrtMLPBase._parameter_constraints, "loss": [StrOptions({"squared_error"})]}
 
@@ -178,21 +259,60 @@ class OrtMLPRegressor(OrtRegressorMixin, RegressorMixin, _OrtMLPBase):
         # divided by n_outputs, ours is: loss_curve_ differs there when n_outputs > 1.)
         return scale * n_outputs
 
-    @_fit_context(prefer_skip_nested_validation=True)
-    def fit(self, X: Any, y: Any, sample_weight: Any = None) -> OrtMLPRegressor:
-        self._fit(X, y, sample_weight)
-        return self
 
-    def partial_fit(self, X: Any, y: Any, sample_weight: Any = None) -> OrtMLPRegressor:
-        """One epoch over (X, y), continuing the current weights."""
-        self._validate_params()
-        self._fit(X, y, sample_weight, incremental=True)
-        return self
-
-
+@fill_doc(_MLP_ENTRIES)
 class OrtMLPClassifier(OrtClassifierMixin, ClassifierMixin, _OrtMLPBase):
     """An MLP classifier (one logit + sigmoid for two classes, softmax for more) trained by
-    onnxruntime on the cross-entropy of its logits."""
+    onnxruntime on the cross-entropy of its logits.
+
+    Takes the parameters of scikit-learn's ``MLPClassifier`` and sets its fitted attributes.
+
+    Parameters
+    ----------
+    %(hidden_layer_sizes)s
+    %(activation)s
+    %(solver)s
+    %(alpha)s
+    %(batch_size)s
+    %(learning_rate)s
+    %(learning_rate_init)s
+    %(power_t)s
+    %(max_iter)s
+    %(shuffle)s
+    %(random_state)s
+    %(tol)s
+    %(verbose)s
+    %(warm_start)s
+    %(momentum)s
+    %(nesterovs_momentum)s
+    %(early_stopping)s
+    %(validation_fraction)s
+    %(beta_1)s
+    %(beta_2)s
+    %(epsilon)s
+    %(n_iter_no_change)s
+    %(device)s
+    %(training)s
+    %(checkpoint_dir)s
+    %(checkpoint_every)s
+
+    Attributes
+    ----------
+    %(classes_)s
+    %(coefs_)s
+    %(intercepts_)s
+    %(n_layers_)s
+    %(n_outputs_)s
+    %(n_features_in_)s
+    %(feature_names_in_)s
+    %(n_iter_)s
+    %(loss_curve_)s
+    %(best_loss_)s
+    %(validation_scores_)s
+    %(best_validation_score_)s
+    out_activation_ : str
+        'logistic' for two classes, 'softmax' for more.
+    """
 
     def __init__(
         self,
@@ -253,15 +373,3 @@ class OrtMLPClassifier(OrtClassifierMixin, ClassifierMixin, _OrtMLPBase):
 
     def _loss(self, n_outputs: int) -> tuple[str, str, float]:
         return "cross_entropy", "cross_entropy", 1.0
-
-    @_fit_context(prefer_skip_nested_validation=True)
-    def fit(self, X: Any, y: Any, sample_weight: Any = None) -> OrtMLPClassifier:
-        self._fit(X, y, sample_weight)
-        return self
-
-    def partial_fit(self, X: Any, y: Any, classes: Any = None, sample_weight: Any = None) -> OrtMLPClassifier:
-        """One epoch over (X, y); ``classes`` is required on the first call."""
-        self._validate_params()
-        self._check_first_partial_fit(classes)
-        self._fit(X, y, sample_weight, incremental=True, classes=classes)
-        return self

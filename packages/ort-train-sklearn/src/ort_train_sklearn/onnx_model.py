@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 from onnx import ModelProto
-from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, _fit_context, clone
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, clone
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
@@ -23,6 +23,22 @@ from ._base import (
     _same_classes,
 )
 from ._convert import TrainableGraph, to_trainable_graph
+from ._docs import fill_doc
+
+#: the parameters and attributes both estimators document alike
+_ONNX_MODEL_ENTRIES: dict[str, tuple[str, str]] = {
+    "weights_to_train": (
+        "list of str or None",
+        "The initializers to train; None: every float initializer the output depends on.",
+    ),
+    "alpha": ("float", "An l2 penalty ``alpha * sum(W ** 2)`` on the trained weight matrices (rank >= 2)."),
+    "solver": ("{'sgd', 'adam'}", "The optimizer: SGD (with ``momentum``) or Adam."),
+    "learning_rate_init": ("float", "The learning rate (constant)."),
+    "momentum": ("float", "The momentum of 'sgd', in [0, 1); 0 gives plain SGD."),
+    "nesterovs_momentum": ("bool", "Whether 'sgd' with momentum takes Nesterov's step."),
+    "batch_size": ("int", "Rows per step."),
+    "weights_": ("dict of str to ndarray", "The trained weights, by initializer name."),
+}
 
 
 class _OnnxModelBase(OrtEstimatorMixin):
@@ -95,28 +111,59 @@ class _OnnxModelBase(OrtEstimatorMixin):
     def _store_weights(self, weights: dict[str, np.ndarray]) -> None:
         self.weights_ = weights
 
-    def _fit_model(
-        self, X: Any, y: Any, sample_weight: Any, incremental: bool = False, classes: Any = None
-    ) -> None:
-        if not ((incremental or self.warm_start) and hasattr(self, "_trainer")):
-            self._build_graph(X, y)
-        self._fit(X, y, sample_weight, incremental=incremental, classes=classes)
-
-    def _build_graph(self, X: Any, y: Any) -> None:
+    def _start_fit(self, X: Any, y: Any) -> None:
+        """Converts the model (resume too: the graph the checkpoint's weights belong to)."""
         Xc, yc = validate_data(self, X, y, dtype=(np.float32, np.float64), multi_output=True)
         self._graph_ = self._graph(Xc.astype(np.float32), yc)
 
-    def resume(self, X: Any, y: Any, sample_weight: Any = None) -> Any:
-        """Continues the fit saved in ``checkpoint_dir`` (same model, data and parameters) up
-        to ``max_iter`` epochs in all; a plain fit when no checkpoint exists yet."""
-        if self.checkpoint_dir is not None:  # the graph the checkpoint's weights belong to
-            self._build_graph(X, y)
-        return super().resume(X, y, sample_weight)
 
-
+@fill_doc(_ONNX_MODEL_ENTRIES)
 class OnnxModelRegressor(OrtRegressorMixin, RegressorMixin, _OnnxModelBase):
     """Trains (fine-tunes) a regression graph: an ONNX model, its bytes or path, or a fitted
-    scikit-learn regressor (converted with skl2onnx into a trainable graph)."""
+    scikit-learn regressor (converted with skl2onnx into a trainable graph).
+
+    Parameters
+    ----------
+    model : onnx.ModelProto, bytes, str, path or estimator, default=None
+        The model to train, from its weights: an ONNX graph with one float input and one float
+        output (or its bytes, or the path of a ``.onnx`` file), or a scikit-learn
+        LinearRegression, Ridge, SGDRegressor or MLPRegressor, fitted or not (scikit-learn fits
+        it first), possibly the last step of a Pipeline of StandardScaler steps.
+    %(weights_to_train)s
+    loss : {'squared_error', 'absolute_error', 'elastic'}, default='squared_error'
+        The loss of each sample, over the outputs of d = p - y: ``sum(d ** 2)``,
+        ``sum(|d|)`` or ``sum(0.5 * |d| + 0.5 * d ** 2)``.
+    %(alpha)s
+    %(solver)s
+    %(learning_rate_init)s
+    %(momentum)s
+    %(nesterovs_momentum)s
+    %(batch_size)s
+    %(max_iter)s
+    %(tol)s
+    %(n_iter_no_change)s
+    %(shuffle)s
+    %(random_state)s
+    %(early_stopping)s
+    %(validation_fraction)s
+    %(warm_start)s
+    %(verbose)s
+    %(device)s
+    %(training)s
+    %(checkpoint_dir)s
+    %(checkpoint_every)s
+
+    Attributes
+    ----------
+    %(weights_)s
+    %(n_features_in_)s
+    %(feature_names_in_)s
+    %(n_iter_)s
+    %(loss_curve_)s
+    %(best_loss_)s
+    %(validation_scores_)s
+    %(best_validation_score_)s
+    """
 
     _parameter_constraints = {
         **_OnnxModelBase._parameter_constraints,
@@ -176,21 +223,56 @@ class OnnxModelRegressor(OrtRegressorMixin, RegressorMixin, _OnnxModelBase):
         partial = {"squared_error": "square_error"}.get(self.loss, self.loss)
         return self.loss, partial, 1.0
 
-    @_fit_context(prefer_skip_nested_validation=True)
-    def fit(self, X: Any, y: Any, sample_weight: Any = None) -> OnnxModelRegressor:
-        self._fit_model(X, y, sample_weight)
-        return self
 
-    def partial_fit(self, X: Any, y: Any, sample_weight: Any = None) -> OnnxModelRegressor:
-        """One epoch over (X, y), continuing the current weights."""
-        self._validate_params()
-        self._fit_model(X, y, sample_weight, incremental=True)
-        return self
-
-
+@fill_doc(_ONNX_MODEL_ENTRIES)
 class OnnxModelClassifier(OrtClassifierMixin, ClassifierMixin, _OnnxModelBase):
     """Trains (fine-tunes) a classifier's logits with the cross-entropy: an ONNX model cut at
-    its logits, or a fitted scikit-learn classifier (converted with skl2onnx)."""
+    its logits, or a fitted scikit-learn classifier (converted with skl2onnx).
+
+    Parameters
+    ----------
+    model : onnx.ModelProto, bytes, str, path or estimator, default=None
+        The model to train, from its weights, cut at its logits: an ONNX classifier exported by
+        skl2onnx (or its bytes, or the path of a ``.onnx`` file), or a scikit-learn
+        LogisticRegression, SGDClassifier(loss='log_loss') or MLPClassifier, fitted or not
+        (scikit-learn fits it first), possibly the last step of a Pipeline of StandardScaler
+        steps.
+    %(weights_to_train)s
+    loss : {'cross_entropy'}, default='cross_entropy'
+        The cross-entropy of the logits.
+    %(alpha)s
+    %(solver)s
+    %(learning_rate_init)s
+    %(momentum)s
+    %(nesterovs_momentum)s
+    %(batch_size)s
+    %(max_iter)s
+    %(tol)s
+    %(n_iter_no_change)s
+    %(shuffle)s
+    %(random_state)s
+    %(early_stopping)s
+    %(validation_fraction)s
+    %(warm_start)s
+    %(verbose)s
+    %(device)s
+    %(training)s
+    %(checkpoint_dir)s
+    %(checkpoint_every)s
+
+    Attributes
+    ----------
+    %(weights_)s
+    classes_ : ndarray of shape (n_classes,)
+        The model's class labels, in the order of its logit columns.
+    %(n_features_in_)s
+    %(feature_names_in_)s
+    %(n_iter_)s
+    %(loss_curve_)s
+    %(best_loss_)s
+    %(validation_scores_)s
+    %(best_validation_score_)s
+    """
 
     _expected_kind = "classifier"
     _parameter_constraints = {
@@ -249,21 +331,6 @@ class OnnxModelClassifier(OrtClassifierMixin, ClassifierMixin, _OnnxModelBase):
 
     def _loss(self, n_outputs: int) -> tuple[str, str, float]:
         return "cross_entropy", "cross_entropy", 1.0
-
-    @_fit_context(prefer_skip_nested_validation=True)
-    def fit(self, X: Any, y: Any, sample_weight: Any = None) -> OnnxModelClassifier:
-        self._fit_model(X, y, sample_weight)
-        return self
-
-    def partial_fit(
-        self, X: Any, y: Any, classes: Any = None, sample_weight: Any = None
-    ) -> OnnxModelClassifier:
-        """One epoch over (X, y), continuing the current weights; ``classes`` is required on
-        the first call and must be the model's classes (in any order)."""
-        self._validate_params()
-        self._check_first_partial_fit(classes)
-        self._fit_model(X, y, sample_weight, incremental=True, classes=classes)
-        return self
 
     def _initial_classes(self, y: np.ndarray, classes: Any) -> np.ndarray:
         """The model's labels, in the order of its logit columns; ``classes`` must name them."""

@@ -1,0 +1,106 @@
+"""Docstring entries the estimators share, written once (as scipy's ``doccer`` and MNE's
+``fill_doc`` do): a class docstring names a parameter or attribute as a line ``%(name)s`` and
+:func:`fill_doc` writes its numpydoc entry there, the default read from the class signature."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import textwrap
+from collections.abc import Callable, Mapping
+from typing import TypeVar
+
+_T = TypeVar("_T", bound=type)
+
+#: name -> (type, description) of the parameters and fitted attributes every estimator has
+COMMON_ENTRIES: dict[str, tuple[str, str]] = {
+    "max_iter": ("int", "Epochs (passes over the data) of :meth:`fit`; :meth:`partial_fit` runs one."),
+    "tol": (
+        "float or None",
+        "Training stops once the loss (the validation loss with ``early_stopping``) has not\n"
+        "improved by ``tol`` for ``n_iter_no_change`` epochs in a row, in scikit-learn's loss\n"
+        "scale; None trains ``max_iter`` epochs. :meth:`partial_fit` ignores it.",
+    ),
+    "n_iter_no_change": ("int", "Epochs without improvement that stop training (see ``tol``)."),
+    "shuffle": ("bool", "Whether to shuffle the rows at each epoch."),
+    "random_state": (
+        "int, RandomState instance or None",
+        "Seeds the random draws: initial weights (where drawn), validation split, shuffling.",
+    ),
+    "early_stopping": (
+        "bool",
+        "Whether :meth:`fit` sets ``validation_fraction`` of the rows aside (stratified for a\n"
+        "classifier) and stops on their loss (see ``tol``) instead of the training loss.",
+    ),
+    "validation_fraction": ("float", "The share of the rows set aside with ``early_stopping``, in (0, 1)."),
+    "warm_start": ("bool", "Whether :meth:`fit` continues from the current weights and optimizer state."),
+    "verbose": ("int", "0: silent; 1: a progress bar; 2: one line per epoch."),
+    "device": ("str", "Where onnxruntime trains: ``'cpu'``, ``'cuda'`` or ``'cuda:N'``."),
+    "training": (
+        "{'full', 'partial'}",
+        "``'full'``: one onnxruntime run per step, of a graph holding the loss, its gradient and\n"
+        "the update; ``'partial'``: a forward and a backward run, then loss and update graphs.",
+    ),
+    "checkpoint_dir": (
+        "str, path or None",
+        "A folder where :meth:`fit` writes its training state every ``checkpoint_every`` epochs,\n"
+        "at the end and on Ctrl-C; :meth:`resume` continues from there. None writes nothing.",
+    ),
+    "checkpoint_every": ("int", "Epochs between two checkpoints."),
+    "n_features_in_": ("int", "Number of features seen during :meth:`fit`."),
+    "feature_names_in_": (
+        "ndarray of shape (n_features_in_,)",
+        "Names of the features seen during :meth:`fit`, when X has string column names.",
+    ),
+    "classes_": ("ndarray of shape (n_classes,)", "The class labels, sorted."),
+    "n_iter_": ("int", "Epochs run by the last call to :meth:`fit`, :meth:`partial_fit` or :meth:`resume`."),
+    "loss_curve_": (
+        "list of float",
+        "The training objective of each epoch in scikit-learn's loss scale, over every call\n"
+        "since the last fit from scratch (warm starts and partial fits extend it).",
+    ),
+    "best_loss_": ("float or None", "The smallest value of ``loss_curve_``; None with ``early_stopping``."),
+    "validation_scores_": (
+        "list of float or None",
+        "With ``early_stopping``, the negated validation loss of each epoch (what the stopping\n"
+        "rule monitors, not R2 or accuracy); None otherwise.",
+    ),
+    "best_validation_score_": (
+        "float",
+        "The largest value of ``validation_scores_`` (set with ``early_stopping`` only).",
+    ),
+}
+
+_PLACEHOLDER = re.compile(r"^( *)%\((\w+)\)s$", flags=re.MULTILINE)
+
+
+def fill_doc(entries: Mapping[str, tuple[str, str]]) -> Callable[[_T], _T]:
+    """A class decorator writing each ``%(name)s`` line of the class docstring as the numpydoc
+    entry of ``name``, looked up in ``entries`` then in :data:`COMMON_ENTRIES`; a parameter's
+    default is read from the class's ``__init__``.
+
+    Parameters
+    ----------
+    entries : mapping of str to (str, str)
+        The type and description of the names the class documents its own way.
+
+    Returns
+    -------
+    callable
+        The decorator.
+    """
+
+    def decorate(cls: _T) -> _T:
+        signature = inspect.signature(cls.__init__).parameters  # type: ignore[misc]
+
+        def entry(match: re.Match[str]) -> str:
+            name = match[2]
+            kind, text = entries[name] if name in entries else COMMON_ENTRIES[name]
+            if name in signature:
+                kind = f"{kind}, default={signature[name].default!r}"
+            return textwrap.indent(f"{name} : {kind}\n" + textwrap.indent(text, "    "), match[1])
+
+        cls.__doc__ = _PLACEHOLDER.sub(entry, cls.__doc__ or "")
+        return cls
+
+    return decorate
