@@ -98,6 +98,8 @@ def docs(session: nox.Session) -> None:
         "sphinx>=7.2",
         "sphinx-gallery>=0.17",
         "myst-parser>=3",
+        "pydata-sphinx-theme>=0.16",
+        "numpydoc>=1.8",
         "matplotlib",
         "networkx",
         "scikit-learn",

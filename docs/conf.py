@@ -1,16 +1,22 @@
 """Sphinx configuration of the ort-train site (``nox -s docs`` builds it with ``-W``).
 
 The benchmarks page shows the newest reports of ``benchmarks/results/``: at build time this file
-copies their Markdown tables and PNG plots into ``_generated/benchmarks/``.
+copies their Markdown tables and PNG plots into ``_generated/benchmarks/``. Every name the three
+packages export (``__all__``) must have its ``auto*`` directive in ``api.rst``: the build warns
+(fails, under ``-W``) for each one missing.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 import shutil
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from sphinx.util import logging as sphinx_logging
 
 import ort_train_core
 
@@ -28,6 +34,7 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.mathjax",
     "sphinx.ext.viewcode",
+    "numpydoc",
     "myst_parser",
     "sphinx_gallery.gen_gallery",
 ]
@@ -37,23 +44,25 @@ root_doc = "index"
 # sphinx-gallery reads examples/ itself and writes the pages of auto_examples/
 exclude_patterns = ["_build", "_generated", "examples"]
 
-html_theme = "alabaster"
+html_theme = "pydata_sphinx_theme"
 html_theme_options = {
-    "description": "Train ONNX graphs with onnxruntime-training",
-    "fixed_sidebar": True,
-    "page_width": "1100px",
-    "sidebar_width": "230px",
+    "navigation_with_keys": False,
+    "show_toc_level": 2,
 }
 html_title = f"ort-train {release}"
 
 # ---- autodoc ---------------------------------------------------------------------------------
 autodoc_member_order = "bysource"
-autodoc_typehints = "description"
-# the docstrings describe parameters in prose: no list of bare types under each signature
-autodoc_typehints_description_target = "documented"
-autodoc_typehints_format = "short"
+# the numpydoc sections name each parameter's type: the signature keeps the defaults only
+autodoc_typehints = "none"
 autodoc_class_signature = "mixed"
 autodoc_inherit_docstrings = False
+
+# ---- numpydoc --------------------------------------------------------------------------------
+# api.rst lists the members it documents: no autosummary table of every attribute and method
+numpydoc_show_class_members = False
+numpydoc_class_members_toctree = False
+numpydoc_xref_param_type = False
 
 # ---- MyST ------------------------------------------------------------------------------------
 myst_heading_anchors = 3
@@ -165,3 +174,29 @@ def write_benchmark_page(results: Path = RESULTS, generated: Path = GENERATED) -
 
 
 write_benchmark_page()
+
+
+# ---- every public name in the API reference --------------------------------------------------
+PACKAGES = ("ort_train_core", "ort_train_sklearn", "ort_train_torch")
+
+
+def undocumented_names(api_text: str) -> list[str]:
+    """The names of the packages' ``__all__`` that no ``auto*`` directive of ``api_text`` names."""
+    missing = []
+    for package in PACKAGES:
+        for name in importlib.import_module(package).__all__:
+            directive = re.compile(rf"^\.\. auto\w+:: {package}\.{name}\s*$", re.MULTILINE)
+            if not name.startswith("_") and not directive.search(api_text):
+                missing.append(f"{package}.{name}")
+    return missing
+
+
+def _check_api_reference(app: Any) -> None:
+    # a warning fails the -W build: a name exported without its documentation is a bug
+    logger = sphinx_logging.getLogger(__name__)
+    for name in undocumented_names((HERE / "api.rst").read_text(encoding="utf-8")):
+        logger.warning(f"{name} is exported (__all__) but docs/api.rst does not document it")
+
+
+def setup(app: Any) -> None:
+    app.connect("builder-inited", _check_api_reference)
