@@ -104,13 +104,7 @@ class BaseLearningRate(ParamsMixin):
         raise NotImplementedError
 
     def validate(self) -> None:
-        """Checks the parameters; the trainers call it at fit time.
-
-        Raises
-        ------
-        ValueError
-            A parameter is out of range.
-        """
+        """Raises ValueError when a parameter is out of range; the trainers call it at fit time."""
         eta0: Any = self.eta0
         if (
             isinstance(eta0, bool)
@@ -190,14 +184,8 @@ class LearningRateSGDNesterov(LearningRateSGD):
 
     Parameters
     ----------
-    eta0 : float, default=0.01
-        The initial learning rate, > 0.
-    alpha : float, default=0.0001
-        The decay of the ``'optimal'`` schedule, >= 0.
-    power_t : float, default=0.25
-        The exponent of the ``'invscaling'`` schedule, >= 0.
-    learning_rate : {'constant', 'invscaling', 'optimal'}, default='invscaling'
-        The schedule (see :class:`LearningRateSGD`).
+    eta0, alpha, power_t, learning_rate
+        The schedule, as :class:`LearningRateSGD`'s (same defaults).
     momentum : float, default=0.9
         ``mu``, in ``[0, 1)``.
     nesterov : bool, default=True

@@ -55,13 +55,7 @@ class BaseLearningLoss(ParamsMixin):
         raise NotImplementedError
 
     def validate(self) -> None:
-        """Checks the parameters; the trainers call it at fit time.
-
-        Raises
-        ------
-        ValueError
-            A parameter is out of range.
-        """
+        """Raises ValueError when a parameter is out of range; the trainers call it at fit time."""
 
     def label_shape(self, pred_shape: list[Any]) -> list[Any]:
         """The shape of the label input for a prediction of shape ``pred_shape``.
@@ -403,13 +397,7 @@ class BaseLearningPenalty(ParamsMixin):
         raise NotImplementedError
 
     def validate(self) -> None:
-        """Checks the parameters; the trainers call it at fit time.
-
-        Raises
-        ------
-        ValueError
-            A parameter is out of range.
-        """
+        """Raises ValueError when a parameter is out of range; the trainers call it at fit time."""
 
 
 class NoLearningPenalty(BaseLearningPenalty):
