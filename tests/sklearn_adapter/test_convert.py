@@ -610,3 +610,69 @@ def _add_label(
     nodes, inits = linear
     label_nodes, outs = _label_branch("scores")
     return nodes + label_nodes, outs, inits
+
+
+# ---- ai.onnx.ml nodes and inputs the conversion refuses --------------------------------------------
+
+_ML_COEFS = {
+    "coefficients": list(np.arange(9.0) / 9),
+    "intercepts": [0.1, 0.2, 0.3],
+    "classlabels_ints": [0, 1, 2],
+}
+_CLF_OUTS = [
+    helper.make_tensor_value_info("label", TensorProto.INT64, [None]),
+    helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [None, 3]),
+]
+
+
+def _refused_graph(case: str) -> onnx.ModelProto:
+    ml = "ai.onnx.ml"
+    if case == "regressor_post_transform":
+        node = helper.make_node(
+            "LinearRegressor",
+            ["X"],
+            ["y"],
+            domain=ml,
+            coefficients=[0.5, -1.0, 2.0],
+            post_transform="SOFTMAX",
+        )
+        return _graph([node], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 1])], {})
+    if case == "classifier_post_transform":
+        node = helper.make_node(
+            "LinearClassifier",
+            ["X"],
+            ["label", "probabilities"],
+            domain=ml,
+            post_transform="PROBIT",
+            **_ML_COEFS,
+        )
+        return _graph([node], _CLF_OUTS, {})
+    if case == "classifier_label_read":  # the probabilities depend on the label output
+        nodes = [
+            helper.make_node("LinearClassifier", ["X"], ["label", "scores"], domain=ml, **_ML_COEFS),
+            helper.make_node("Cast", ["label"], ["label_f"], to=TensorProto.FLOAT),
+            helper.make_node("Unsqueeze", ["label_f", "axis"], ["label_col"]),
+            helper.make_node("Add", ["scores", "label_col"], ["shifted"]),
+            helper.make_node("Softmax", ["shifted"], ["probabilities"], axis=1),
+        ]
+        return _graph(nodes, _CLF_OUTS, {"axis": np.array([1], dtype=np.int64)})
+    nodes, inits = _linear("y")
+    model = _graph(nodes, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 2])], inits)
+    model.graph.input.append(helper.make_tensor_value_info("X2", TensorProto.FLOAT, [None, 3]))
+    return model  # two inputs
+
+
+@pytest.mark.parametrize(
+    ("case", "error", "message"),
+    [
+        ("regressor_post_transform", GraphNotDifferentiableError, "post_transform='SOFTMAX'; only NONE"),
+        ("classifier_post_transform", GraphNotDifferentiableError, "supported: NONE, LOGISTIC, SOFTMAX"),
+        ("classifier_label_read", ValueError, "label output of LinearClassifier"),
+        ("two_inputs", ValueError, r"exactly one input \(the features\), it has \['X', 'X2'\]"),
+    ],
+)
+def test_refused_ml_nodes_and_inputs(case: str, error: type[Exception], message: str) -> None:
+    """onnxruntime runs each graph (so the reference exists); the conversion refuses it with
+    a message naming why."""
+    with pytest.raises(error, match=message):
+        to_trainable_graph(_refused_graph(case))

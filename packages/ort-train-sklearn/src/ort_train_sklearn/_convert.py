@@ -63,6 +63,7 @@ from ort_train_core.graph import (
     default_weights_to_train,
     initializer_values,
     normalise_model,
+    nothing_to_train_error,
     prune_to_outputs,
 )
 
@@ -272,9 +273,40 @@ def _from_onnx(
     expected_kind: str | None = None,
 ) -> TrainableGraph:
     model = normalise_model(model)
-    g = model.graph
-    inits = {i.name for i in g.initializer}
-    inputs = [i for i in g.input if i.name not in inits]
+    x_name, sample = _features_and_sample(model, X_sample)
+    kind, target = _detect_kind(model)
+    if expected_kind is not None and kind != expected_kind:
+        raise ValueError(f"the converted graph looks like a {kind}, expected a {expected_kind}")
+    try:
+        reference = _run(_select_outputs(model, [target]), x_name, sample)
+    except Exception as exc:  # onnxruntime's errors have no common base class
+        raise ValueError(f"onnxruntime cannot run the model to check the conversion: {exc}") from exc
+    work = _rewrite_ml_ops(_select_outputs(model, [target]))
+    probability: str | None = None
+    if kind == "classifier":
+        work, probability, classes = _classifier_logits(work, model, target, x_name, sample, classes)
+    elif len(_output_shape(work, x_name, sample)) == 1:
+        work = _reshape_output_2d(work)
+    work = _rename(work, x_name, INPUT_NAME)
+    _finalise(work)
+    output_name = work.graph.output[0].name
+    weights = _weights_to_train(work, output_name)
+    _check_outputs(work, sample, reference, kind, probability)
+    return TrainableGraph(
+        model=work,
+        kind=kind,
+        output_name=output_name,
+        classes=classes,
+        probability=probability,
+        weights=weights,
+    )
+
+
+def _features_and_sample(model: ModelProto, X_sample: Any) -> tuple[str, np.ndarray]:
+    """The name of the graph's one input, a float32 [N, n_features] tensor, and the rows that
+    check the conversion: up to 64 of X_sample, or random ones."""
+    inits = {i.name for i in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in inits]
     if len(inputs) != 1:
         raise ValueError(
             f"the graph must have exactly one input (the features), it has {[i.name for i in inputs]}"
@@ -294,58 +326,49 @@ def _from_onnx(
             f"input {x_info.name!r} has an unknown number of features: pass X_sample to check the graph"
         )
     if X_sample is not None:
-        sample = _as_sample(X_sample, n_features)[:64]
-    else:
-        rng = np.random.default_rng(0)
-        sample = rng.standard_normal((_N_CHECK_ROWS, int(n_features or 0))).astype(np.float32)
+        return x_info.name, _as_sample(X_sample, n_features)[:64]
+    rng = np.random.default_rng(0)
+    return x_info.name, rng.standard_normal((_N_CHECK_ROWS, int(n_features or 0))).astype(np.float32)
 
-    kind, target = _detect_kind(model)
-    if expected_kind is not None and kind != expected_kind:
-        raise ValueError(f"the converted graph looks like a {kind}, expected a {expected_kind}")
-    try:
-        reference = _run(_select_outputs(model, [target]), x_info.name, sample)
-    except Exception as exc:  # onnxruntime's errors have no common base class
-        raise ValueError(f"onnxruntime cannot run the model to check the conversion: {exc}") from exc
-    work = _rewrite_ml_ops(_select_outputs(model, [target]))
 
-    probability: str | None = None
-    if kind == "classifier":
-        if classes is None:
-            classes = _classes_from_graph(model)
-        work, probability = _cut_at_logits(work, target, x_info.name, sample)
-        n_cols = _output_shape(work, x_info.name, sample)[1]
-        n_classes = 2 if n_cols == 1 else n_cols
-        if classes is None:
-            classes = np.arange(n_classes, dtype=np.int64)
-        if len(classes) != n_classes:
-            raise ValueError(
-                f"the logits have {n_cols} column(s), i.e. {n_classes} classes, but there are "
-                f"{len(classes)} class labels"
-            )
-        work = _rename(work, work.graph.output[0].name, LOGITS_NAME)
-    elif len(_output_shape(work, x_info.name, sample)) == 1:
-        work = _reshape_output_2d(work)
-    work = _rename(work, x_info.name, INPUT_NAME)
-    _finalise(work)
-    output_name = work.graph.output[0].name
+def _classifier_logits(
+    work: ModelProto,
+    model: ModelProto,
+    target: str,
+    x_name: str,
+    sample: np.ndarray,
+    classes: np.ndarray | None,
+) -> tuple[ModelProto, str, np.ndarray]:
+    """``work`` cut at the logits of the probabilities ``target`` (output renamed
+    LOGITS_NAME), 'sigmoid' or 'softmax', and the class labels: ``classes``, else those
+    ``model`` lists, else 0 to n_classes - 1."""
+    if classes is None:
+        classes = _classes_from_graph(model)
+    work, probability = _cut_at_logits(work, target, x_name, sample)
+    n_cols = _output_shape(work, x_name, sample)[1]
+    n_classes = 2 if n_cols == 1 else n_cols
+    if classes is None:
+        classes = np.arange(n_classes, dtype=np.int64)
+    if len(classes) != n_classes:
+        raise ValueError(
+            f"the logits have {n_cols} column(s), i.e. {n_classes} classes, but there are "
+            f"{len(classes)} class labels"
+        )
+    return _rename(work, work.graph.output[0].name, LOGITS_NAME), probability, classes
+
+
+def _weights_to_train(work: ModelProto, output_name: str) -> list[str]:
+    """The float initializers ``output_name`` depends on, all finite."""
     weights = default_weights_to_train(work, output_name)
     if not weights:
-        raise ValueError(f"output {output_name!r} depends on no float initializer: there is nothing to train")
+        raise nothing_to_train_error(work, output_name)
     bad = describe_non_finite(initializer_values(work, weights))
-    if bad:  # checked first: NaN predictions would fail the comparison below with no reason given
+    if bad:  # checked before the outputs are compared, which NaN would fail with no reason given
         raise ValueError(
             f"the model's weights {bad} hold NaN or inf, so its predictions do too: re-initialise "
             "them with finite values (or refit the scikit-learn model) before training"
         )
-    _check_outputs(work, sample, reference, kind, probability)
-    return TrainableGraph(
-        model=work,
-        kind=kind,
-        output_name=output_name,
-        classes=classes,
-        probability=probability,
-        weights=weights,
-    )
+    return weights
 
 
 def _detect_kind(model: ModelProto) -> tuple[str, str]:
@@ -430,81 +453,110 @@ def _rewrite_ml_ops(model: ModelProto) -> ModelProto:
     for node in g.node:
         if node.domain != _ML or node.op_type not in ("Scaler", "LinearRegressor", "LinearClassifier"):
             new_nodes.append(node)
-            continue
-        attrs = _attrs(node)
-        x = node.input[0]
-        if node.op_type == "Scaler":
-            offset = np.asarray(attrs.get("offset", [0.0]), dtype=np.float32)
-            scale = np.asarray(attrs.get("scale", [1.0]), dtype=np.float32)
-            c_off, off = _constant(namer, offset, "scaler_offset")
-            c_scale, sc = _constant(namer, scale, "scaler_scale")
-            centred = namer("scaler_centred")
-            new_nodes += [
-                c_off,
-                c_scale,
-                helper.make_node("Sub", [x, off], [centred], name=namer("n_scaler_sub")),
-                helper.make_node("Mul", [centred, sc], [node.output[0]], name=namer("n_scaler_mul")),
-            ]
-            continue
-        coefs = np.asarray(attrs.get("coefficients", []), dtype=np.float32)
-        intercepts = np.asarray(attrs.get("intercepts", []), dtype=np.float32)
-        post = attrs.get("post_transform", b"NONE")
-        post = post.decode() if isinstance(post, bytes) else str(post)
-        if node.op_type == "LinearRegressor":
-            n_targets = int(attrs.get("targets", 1))
-            out = node.output[0]
-            if post != "NONE":
-                raise GraphNotDifferentiableError(
-                    f"LinearRegressor {node.name!r} has post_transform={post!r}; only NONE is supported"
-                )
+        elif node.op_type == "Scaler":
+            new_nodes += _scaler_nodes(node, namer)
         else:
-            n_targets = len(intercepts) if len(intercepts) else 1
-            if node.output[0] in consumed:
-                raise ValueError(
-                    f"the label output of LinearClassifier {node.name!r} is used on the path to the "
-                    "probabilities: cannot rewrite it"
-                )
-            out = node.output[1]
-            if n_targets == 1:
-                # onnxruntime 1.19 returns [1 - z, z] for post_transform LOGISTIC where the ONNX
-                # specification says [s(-z), s(z)]
-                raise ValueError(
-                    f"LinearClassifier {node.name!r} has a single row of coefficients, whose "
-                    "probabilities onnxruntime and the ONNX specification compute differently; "
-                    "export with skl2onnx.to_onnx(..., black_op={'LinearClassifier'})"
-                )
-        if coefs.size % n_targets:
-            raise ValueError(f"{node.op_type} {node.name!r}: coefficients do not split into {n_targets} rows")
-        if intercepts.size == 0:
-            intercepts = np.zeros(n_targets, dtype=np.float32)
-        coef_name, bias_name = namer("coef"), namer("intercept")
-        new_inits += [
-            numpy_helper.from_array(np.ascontiguousarray(coefs.reshape(n_targets, -1).T), coef_name),
-            numpy_helper.from_array(intercepts.reshape(1, n_targets), bias_name),
-        ]
-        mm = namer("multiplied")
-        scores = out if node.op_type == "LinearRegressor" else namer("raw_scores")
-        new_nodes += [
-            helper.make_node("MatMul", [x, coef_name], [mm], name=namer("n_matmul")),
-            helper.make_node("Add", [mm, bias_name], [scores], name=namer("n_add")),
-        ]
-        if node.op_type == "LinearRegressor":
-            continue
-        if post == "NONE":
-            new_nodes.append(helper.make_node("Identity", [scores], [out], name=namer("n_identity")))
-        elif post == "LOGISTIC":
-            new_nodes.append(helper.make_node("Sigmoid", [scores], [out], name=namer("n_sigmoid")))
-        elif post == "SOFTMAX":
-            new_nodes.append(helper.make_node("Softmax", [scores], [out], name=namer("n_softmax"), axis=-1))
-        else:
-            raise GraphNotDifferentiableError(
-                f"LinearClassifier {node.name!r} has post_transform={post!r}; supported: NONE, "
-                "LOGISTIC, SOFTMAX"
-            )
+            nodes, inits = _linear_nodes(node, namer, consumed)
+            new_nodes += nodes
+            new_inits += inits
     del g.node[:]
     g.node.extend(new_nodes)
     g.initializer.extend(new_inits)
     return model
+
+
+def _scaler_nodes(node: NodeProto, namer: _Namer) -> list[NodeProto]:
+    """``(x - offset) * scale`` with Constant nodes, never trained."""
+    attrs = _attrs(node)
+    offset = np.asarray(attrs.get("offset", [0.0]), dtype=np.float32)
+    scale = np.asarray(attrs.get("scale", [1.0]), dtype=np.float32)
+    c_off, off = _constant(namer, offset, "scaler_offset")
+    c_scale, sc = _constant(namer, scale, "scaler_scale")
+    centred = namer("scaler_centred")
+    return [
+        c_off,
+        c_scale,
+        helper.make_node("Sub", [node.input[0], off], [centred], name=namer("n_scaler_sub")),
+        helper.make_node("Mul", [centred, sc], [node.output[0]], name=namer("n_scaler_mul")),
+    ]
+
+
+def _linear_nodes(
+    node: NodeProto, namer: _Namer, consumed: set[str]
+) -> tuple[list[NodeProto], list[TensorProto]]:
+    """A LinearRegressor or LinearClassifier as ``x @ coef + intercept`` with float
+    initializers (trainable), then the classifier's post-transform; ``consumed``: the names
+    the graph reads (a classifier's label output must not be one)."""
+    attrs = _attrs(node)
+    coefs = np.asarray(attrs.get("coefficients", []), dtype=np.float32)
+    intercepts = np.asarray(attrs.get("intercepts", []), dtype=np.float32)
+    post = attrs.get("post_transform", b"NONE")
+    post = post.decode() if isinstance(post, bytes) else str(post)
+    regressor = node.op_type == "LinearRegressor"
+    if regressor:
+        n_targets, out = _linear_regressor_output(node, attrs, post)
+    else:
+        n_targets, out = _linear_classifier_output(node, intercepts, consumed)
+    if coefs.size % n_targets:
+        raise ValueError(f"{node.op_type} {node.name!r}: coefficients do not split into {n_targets} rows")
+    if intercepts.size == 0:
+        intercepts = np.zeros(n_targets, dtype=np.float32)
+    coef_name, bias_name = namer("coef"), namer("intercept")
+    inits = [
+        numpy_helper.from_array(np.ascontiguousarray(coefs.reshape(n_targets, -1).T), coef_name),
+        numpy_helper.from_array(intercepts.reshape(1, n_targets), bias_name),
+    ]
+    mm = namer("multiplied")
+    scores = out if regressor else namer("raw_scores")
+    nodes = [
+        helper.make_node("MatMul", [node.input[0], coef_name], [mm], name=namer("n_matmul")),
+        helper.make_node("Add", [mm, bias_name], [scores], name=namer("n_add")),
+    ]
+    if not regressor:
+        nodes.append(_post_transform(node, post, scores, out, namer))
+    return nodes, inits
+
+
+def _linear_regressor_output(node: NodeProto, attrs: dict[str, Any], post: str) -> tuple[int, str]:
+    """(number of targets, the output to compute) of a LinearRegressor without post-transform."""
+    if post != "NONE":
+        raise GraphNotDifferentiableError(
+            f"LinearRegressor {node.name!r} has post_transform={post!r}; only NONE is supported"
+        )
+    return int(attrs.get("targets", 1)), node.output[0]
+
+
+def _linear_classifier_output(node: NodeProto, intercepts: np.ndarray, consumed: set[str]) -> tuple[int, str]:
+    """(number of score columns, the scores output) of a LinearClassifier whose label output
+    nothing reads."""
+    n_targets = len(intercepts) if len(intercepts) else 1
+    if node.output[0] in consumed:
+        raise ValueError(
+            f"the label output of LinearClassifier {node.name!r} is used on the path to the "
+            "probabilities: cannot rewrite it"
+        )
+    if n_targets == 1:
+        # onnxruntime 1.19 returns [1 - z, z] for post_transform LOGISTIC where the ONNX
+        # specification says [s(-z), s(z)]
+        raise ValueError(
+            f"LinearClassifier {node.name!r} has a single row of coefficients, whose "
+            "probabilities onnxruntime and the ONNX specification compute differently; "
+            "export with skl2onnx.to_onnx(..., black_op={'LinearClassifier'})"
+        )
+    return n_targets, node.output[1]
+
+
+def _post_transform(node: NodeProto, post: str, scores: str, out: str, namer: _Namer) -> NodeProto:
+    """The node applying a LinearClassifier's post_transform to its scores."""
+    if post == "NONE":
+        return helper.make_node("Identity", [scores], [out], name=namer("n_identity"))
+    if post == "LOGISTIC":
+        return helper.make_node("Sigmoid", [scores], [out], name=namer("n_sigmoid"))
+    if post == "SOFTMAX":
+        return helper.make_node("Softmax", [scores], [out], name=namer("n_softmax"), axis=-1)
+    raise GraphNotDifferentiableError(
+        f"LinearClassifier {node.name!r} has post_transform={post!r}; supported: NONE, LOGISTIC, SOFTMAX"
+    )
 
 
 # ---- cutting a classifier at its logits ---------------------------------------------------------------
