@@ -398,8 +398,14 @@ class OrtEstimatorMixin(BaseEstimator):
         return model
 
     def to_onnx(self) -> ModelProto:
-        """A deployable model for any onnxruntime InferenceSession. Regressors output the
-        prediction; classifiers output 'label' then 'probabilities'."""
+        """A deployable model for any onnxruntime InferenceSession.
+
+        Returns
+        -------
+        onnx.ModelProto
+            The trained graph: a regressor's outputs its prediction, a classifier's 'label'
+            then 'probabilities' (as skl2onnx exports them).
+        """
         raw = self._trained_graph()
         if not self._is_classifier:
             return raw

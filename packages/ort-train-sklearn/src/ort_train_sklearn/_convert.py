@@ -96,12 +96,30 @@ _REG_RTOL = 1e-4
 class TrainableGraph:
     """A prediction graph ready for :func:`ort_train_core.add_loss_output`.
 
-    ``model``: one float32 input ``X`` [N, n_features], IR <= 10, opset <= 21, only standard
-    operators, one output ``output_name``: the prediction [N, n_outputs] of a regressor, or the
-    logits of a classifier ([N, 1] binary, [N, n_classes] multiclass).
-    ``probability``: how probabilities follow from the logits, ``'sigmoid'`` (binary) or
-    ``'softmax'`` (multiclass); None for regressors. ``classes``: the labels in column order
-    (None for regressors). ``weights``: the float initializers to train by default.
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        One float32 input ``X`` [N, n_features], IR <= 10, opset <= 21, only standard
+        operators, one output ``output_name``: the prediction [N, n_outputs] of a regressor,
+        or the logits of a classifier ([N, 1] binary, [N, n_classes] multiclass).
+    kind : {'regressor', 'classifier'}
+        What the graph predicts.
+    output_name : str
+        The name of its output.
+    classes : ndarray or None, default=None
+        A classifier's labels in the order of the logit columns; None for a regressor.
+    probability : {'sigmoid', 'softmax'} or None, default=None
+        How probabilities follow from the logits: ``'sigmoid'`` (binary) or ``'softmax'``
+        (multiclass); None for a regressor.
+    weights : list of str, default=[]
+        The float initializers to train by default.
+
+    Attributes
+    ----------
+    n_features : int
+        The number of features of the input.
+    loss : str
+        The ``score_name`` of :func:`ort_train_core.add_loss_output` that fits the output.
     """
 
     model: ModelProto
@@ -113,6 +131,7 @@ class TrainableGraph:
 
     @property
     def n_features(self) -> int:
+        """The number of features of the input."""
         dim = self.model.graph.input[0].type.tensor_type.shape.dim[1]
         return int(dim.dim_value)
 
@@ -123,18 +142,34 @@ class TrainableGraph:
 
 
 def to_trainable_graph(model: Any, X_sample: Any = None) -> TrainableGraph:
-    """The trainable prediction graph of ``model``.
+    """The trainable prediction graph of ``model``, checked numerically against it.
 
-    ``model``: an ``onnx.ModelProto``, its serialised bytes, the path of a ``.onnx`` file, or a
-    fitted scikit-learn estimator among :data:`SUPPORTED_REGRESSORS` and
-    :data:`SUPPORTED_CLASSIFIERS`, possibly the last step of a Pipeline whose other steps are
-    StandardScaler. ``X_sample``: a few rows of input (only the first is used for the
-    conversion; up to 64 check the result). Without it an estimator is converted from
-    ``n_features_in_`` and random rows check the result.
+    Parameters
+    ----------
+    model : onnx.ModelProto, bytes, str, path or estimator
+        An ONNX model, its serialised bytes, the path of a ``.onnx`` file, or a fitted
+        scikit-learn estimator among :data:`SUPPORTED_REGRESSORS` and
+        :data:`SUPPORTED_CLASSIFIERS`, possibly the last step of a Pipeline whose other steps
+        are StandardScaler.
+    X_sample : array-like of shape (n_samples, n_features), default=None
+        A few rows of input: the first one converts an estimator, up to 64 check the result.
+        Without it an estimator is converted from ``n_features_in_`` and random rows check
+        the result.
 
-    Raises ``sklearn.exceptions.NotFittedError`` for an unfitted estimator, ``TypeError`` for an
-    unsupported one (or an unsupported ``model`` type), ``ValueError`` (or its subclass
-    ``GraphNotDifferentiableError``) for a graph that cannot be made trainable.
+    Returns
+    -------
+    TrainableGraph
+        The graph, its kind, output, classes, probability function and default weights.
+
+    Raises
+    ------
+    sklearn.exceptions.NotFittedError
+        For an unfitted estimator.
+    TypeError
+        For an unsupported estimator or ``model`` type.
+    ValueError
+        For a graph that cannot be made trainable (its subclass
+        :class:`~ort_train_core.GraphNotDifferentiableError` for operators without gradient).
     """
     if isinstance(model, ModelProto):
         return _from_onnx(model, X_sample)

@@ -49,7 +49,7 @@ COMMON_ENTRIES: dict[str, tuple[str, str]] = {
     "checkpoint_every": ("int", "Epochs between two checkpoints."),
     "n_features_in_": ("int", "Number of features seen during :meth:`fit`."),
     "feature_names_in_": (
-        "ndarray of shape (n_features_in_,)",
+        "ndarray of shape (`n_features_in_`,)",
         "Names of the features seen during :meth:`fit`, when X has string column names.",
     ),
     "classes_": ("ndarray of shape (n_classes,)", "The class labels, sorted."),

@@ -17,14 +17,41 @@ ACTIVATIONS = {"relu": "Relu", "tanh": "Tanh", "logistic": "Sigmoid", "identity"
 
 
 def layer_names(n_layers: int) -> list[tuple[str, str]]:
-    """(coefficient, intercept) initializer names of each dense layer, in order."""
+    """(coefficient, intercept) initializer names of each dense layer, in order.
+
+    Parameters
+    ----------
+    n_layers : int
+        The number of dense layers.
+
+    Returns
+    -------
+    list of (str, str)
+        The names of each layer's weights.
+    """
     return [(f"coefficient{i}", f"intercept{i}") for i in range(n_layers)]
 
 
 def dense_graph(
     coefs: Sequence[np.ndarray], intercepts: Sequence[np.ndarray], activation: str = "identity"
 ) -> ModelProto:
-    """X -> (X W0 + b0) -> act -> ... -> X Wn + bn: the raw output (scores or logits)."""
+    """X -> (X W0 + b0) -> act -> ... -> X Wn + bn: the raw output (scores or logits).
+
+    Parameters
+    ----------
+    coefs : sequence of ndarray
+        The coefficient matrix of each layer, of shape (fan_in, fan_out).
+    intercepts : sequence of ndarray
+        The intercept vector of each layer.
+    activation : {'identity', 'relu', 'tanh', 'logistic'}, default='identity'
+        The activation after each layer but the last.
+
+    Returns
+    -------
+    onnx.ModelProto
+        Input ``X`` [N, n_features], output ``raw`` [N, n_outputs], float32 weights named by
+        :func:`layer_names`.
+    """
     nodes = []
     inits = []
     current = "X"
@@ -59,7 +86,22 @@ def dense_graph(
 
 def classifier_head(model: ModelProto, output: str, classes: np.ndarray) -> ModelProto:
     """Appends probabilities (sigmoid of one logit column, softmax of several) and the label
-    (classes[argmax]) to a logits graph; outputs 'label' then 'probabilities', as skl2onnx does."""
+    (classes[argmax]) to a logits graph; outputs 'label' then 'probabilities', as skl2onnx does.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The logits graph; it is not modified.
+    output : str
+        Its logits output.
+    classes : ndarray of shape (n_classes,)
+        The labels, in the order of the probability columns.
+
+    Returns
+    -------
+    onnx.ModelProto
+        The deployable classifier.
+    """
     out = ModelProto()
     out.CopyFrom(model)
     g = out.graph
@@ -104,7 +146,19 @@ def classifier_head(model: ModelProto, output: str, classes: np.ndarray) -> Mode
 def probabilities(logits: np.ndarray, log: bool = False) -> np.ndarray:
     """The softmax of the logits in float64, one column per class: a binary model's one
     logit z is the pair [0, z], so its columns are [1 - sigmoid(z), sigmoid(z)].
-    ``log=True``: the log-softmax, finite where a probability rounds to 0."""
+
+    Parameters
+    ----------
+    logits : ndarray of shape (n_samples, 1) or (n_samples, n_classes)
+        The logits.
+    log : bool, default=False
+        Whether to return the log-softmax instead, finite where a probability rounds to 0.
+
+    Returns
+    -------
+    ndarray of shape (n_samples, n_classes)
+        Probabilities (or their logarithms) in float64.
+    """
     # float32 logits are exact in float64; an inf (an overflowed float32 sum) becomes the
     # largest float32 so that the differences below stay numbers instead of NaN
     bound = float(np.finfo(np.float32).max)
