@@ -1,6 +1,7 @@
 """Docstring entries the estimators share, written once (as scipy's ``doccer`` and MNE's
 ``fill_doc`` do): a class docstring names a parameter or attribute as a line ``%(name)s`` and
-:func:`fill_doc` writes its numpydoc entry there, the default read from the class signature."""
+:func:`fill_doc` writes its numpydoc entry there, the default read from the class signature.
+An entry is (type, description), or a block of such lines (the parameters of a family)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 _T = TypeVar("_T", bound=type)
+#: (type, description) of a parameter or attribute, or a block of ``%(name)s`` lines
+Entry = tuple[str, str] | str
 
-#: name -> (type, description) of the parameters and fitted attributes every estimator has
-COMMON_ENTRIES: dict[str, tuple[str, str]] = {
+#: the parameters and fitted attributes several estimators document alike
+SHARED_ENTRIES: dict[str, Entry] = {
     "max_iter": ("int", "Epochs (passes over the data) of :meth:`fit`; :meth:`partial_fit` runs one."),
     "tol": (
         "float or None",
@@ -47,6 +50,8 @@ COMMON_ENTRIES: dict[str, tuple[str, str]] = {
         "at the end and on Ctrl-C; :meth:`resume` continues from there. None writes nothing.",
     ),
     "checkpoint_every": ("int", "Epochs between two checkpoints."),
+    "power_t": ("float", "The exponent of ``learning_rate='invscaling'``."),
+    "nesterovs_momentum": ("bool", "Whether 'sgd' with momentum takes Nesterov's step."),
     "n_features_in_": ("int", "Number of features seen during :meth:`fit`."),
     "feature_names_in_": (
         "ndarray of shape (`n_features_in_`,)",
@@ -69,20 +74,24 @@ COMMON_ENTRIES: dict[str, tuple[str, str]] = {
         "float",
         "The largest value of ``validation_scores_`` (set with ``early_stopping`` only).",
     ),
+    "fit_attributes": (
+        "%(n_features_in_)s\n%(feature_names_in_)s\n%(n_iter_)s\n%(loss_curve_)s\n%(best_loss_)s\n"
+        "%(validation_scores_)s\n%(best_validation_score_)s"
+    ),
 }
 
 _PLACEHOLDER = re.compile(r"^( *)%\((\w+)\)s$", flags=re.MULTILINE)
 
 
-def fill_doc(entries: Mapping[str, tuple[str, str]]) -> Callable[[_T], _T]:
+def fill_doc(entries: Mapping[str, Entry]) -> Callable[[_T], _T]:
     """A class decorator writing each ``%(name)s`` line of the class docstring as the numpydoc
-    entry of ``name``, looked up in ``entries`` then in :data:`COMMON_ENTRIES`; a parameter's
+    entry of ``name``, looked up in ``entries`` then in :data:`SHARED_ENTRIES`; a parameter's
     default is read from the class's ``__init__``.
 
     Parameters
     ----------
-    entries : mapping of str to (str, str)
-        The type and description of the names the class documents its own way.
+    entries : mapping of str to (str, str) or str
+        The entries of the names the class documents its own way.
 
     Returns
     -------
@@ -93,14 +102,20 @@ def fill_doc(entries: Mapping[str, tuple[str, str]]) -> Callable[[_T], _T]:
     def decorate(cls: _T) -> _T:
         signature = inspect.signature(cls.__init__).parameters  # type: ignore[misc]
 
+        def fill(text: str) -> str:
+            return _PLACEHOLDER.sub(entry, text)
+
         def entry(match: re.Match[str]) -> str:
             name = match[2]
-            kind, text = entries[name] if name in entries else COMMON_ENTRIES[name]
+            value = entries[name] if name in entries else SHARED_ENTRIES[name]
+            if isinstance(value, str):
+                return textwrap.indent(fill(value), match[1])
+            kind, text = value
             if name in signature:
                 kind = f"{kind}, default={signature[name].default!r}"
             return textwrap.indent(f"{name} : {kind}\n" + textwrap.indent(text, "    "), match[1])
 
-        cls.__doc__ = _PLACEHOLDER.sub(entry, cls.__doc__ or "")
+        cls.__doc__ = fill(cls.__doc__ or "")
         return cls
 
     return decorate

@@ -15,11 +15,11 @@ from ort_train_core import BaseLearningRate, LearningRateSGD
 from ort_train_core.graph import initializer_values
 
 from ._base import _COMMON_CONSTRAINTS, OrtClassifierMixin, OrtEstimatorMixin, OrtRegressorMixin
-from ._docs import fill_doc
+from ._docs import Entry, fill_doc
 from ._graphs import dense_graph, layer_names
 
 #: the parameters both SGD estimators document alike
-_SGD_ENTRIES: dict[str, tuple[str, str]] = {
+_SGD_ENTRIES: dict[str, Entry] = {
     "penalty": (
         "{'l2', 'l1', 'elasticnet'} or None",
         "The penalty on the coefficients (not the intercept), as scikit-learn's: alpha times\n"
@@ -34,10 +34,16 @@ _SGD_ENTRIES: dict[str, tuple[str, str]] = {
         "('invscaling') or ``eta0 / (1 + alpha * eta0 * t)`` ('optimal').",
     ),
     "eta0": ("float", "The initial learning rate, for scikit-learn's loss scale."),
-    "power_t": ("float", "The exponent of ``learning_rate='invscaling'``."),
     "batch_size": (
         "int",
         "Rows per step; 1 is per-sample SGD as scikit-learn does it. A sample weight scales\nits row's step.",
+    ),
+    # in the signature's order, after loss
+    "sgd_parameters": (
+        "%(penalty)s\n%(alpha)s\n%(l1_ratio)s\n%(fit_intercept)s\n%(max_iter)s\n%(tol)s\n%(shuffle)s\n"
+        "%(verbose)s\n%(random_state)s\n%(learning_rate)s\n%(eta0)s\n%(power_t)s\n%(early_stopping)s\n"
+        "%(validation_fraction)s\n%(n_iter_no_change)s\n%(warm_start)s\n%(batch_size)s\n%(device)s\n"
+        "%(training)s\n%(checkpoint_dir)s\n%(checkpoint_every)s"
     ),
 }
 
@@ -111,27 +117,7 @@ class OrtSGDRegressor(OrtRegressorMixin, RegressorMixin, _OrtSGDBase):
     ----------
     loss : {'squared_error', 'absolute_error'}, default='squared_error'
         The loss of each sample: ``(y - p)^2 / 2`` or ``|y - p|``.
-    %(penalty)s
-    %(alpha)s
-    %(l1_ratio)s
-    %(fit_intercept)s
-    %(max_iter)s
-    %(tol)s
-    %(shuffle)s
-    %(verbose)s
-    %(random_state)s
-    %(learning_rate)s
-    %(eta0)s
-    %(power_t)s
-    %(early_stopping)s
-    %(validation_fraction)s
-    %(n_iter_no_change)s
-    %(warm_start)s
-    %(batch_size)s
-    %(device)s
-    %(training)s
-    %(checkpoint_dir)s
-    %(checkpoint_every)s
+    %(sgd_parameters)s
 
     Attributes
     ----------
@@ -139,13 +125,7 @@ class OrtSGDRegressor(OrtRegressorMixin, RegressorMixin, _OrtSGDBase):
         The coefficients.
     intercept_ : ndarray of shape (1,)
         The intercept.
-    %(n_features_in_)s
-    %(feature_names_in_)s
-    %(n_iter_)s
-    %(loss_curve_)s
-    %(best_loss_)s
-    %(validation_scores_)s
-    %(best_validation_score_)s
+    %(fit_attributes)s
     """
 
     _multi_output = False
@@ -226,27 +206,7 @@ class OrtSGDClassifier(OrtClassifierMixin, ClassifierMixin, _OrtSGDBase):
     ----------
     loss : {'log_loss'}, default='log_loss'
         The log loss (cross-entropy) of the probabilities.
-    %(penalty)s
-    %(alpha)s
-    %(l1_ratio)s
-    %(fit_intercept)s
-    %(max_iter)s
-    %(tol)s
-    %(shuffle)s
-    %(verbose)s
-    %(random_state)s
-    %(learning_rate)s
-    %(eta0)s
-    %(power_t)s
-    %(early_stopping)s
-    %(validation_fraction)s
-    %(n_iter_no_change)s
-    %(warm_start)s
-    %(batch_size)s
-    %(device)s
-    %(training)s
-    %(checkpoint_dir)s
-    %(checkpoint_every)s
+    %(sgd_parameters)s
 
     Attributes
     ----------
@@ -256,13 +216,7 @@ class OrtSGDClassifier(OrtClassifierMixin, ClassifierMixin, _OrtSGDBase):
     intercept_ : ndarray of shape (1,) or (n_classes,)
         The intercepts.
     %(classes_)s
-    %(n_features_in_)s
-    %(feature_names_in_)s
-    %(n_iter_)s
-    %(loss_curve_)s
-    %(best_loss_)s
-    %(validation_scores_)s
-    %(best_validation_score_)s
+    %(fit_attributes)s
     """
 
     _parameter_constraints = {**_OrtSGDBase._parameter_constraints, "loss": [StrOptions({"log_loss"})]}

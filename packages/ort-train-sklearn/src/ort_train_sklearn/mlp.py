@@ -15,11 +15,11 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from ort_train_core import BaseLearningRate, LearningRateAdam, LearningRateSGD, LearningRateSGDNesterov
 
 from ._base import _COMMON_CONSTRAINTS, OrtClassifierMixin, OrtEstimatorMixin, OrtRegressorMixin
-from ._docs import fill_doc
+from ._docs import Entry, fill_doc
 from ._graphs import dense_graph, layer_names
 
 #: the parameters and attributes both MLPs document alike
-_MLP_ENTRIES: dict[str, tuple[str, str]] = {
+_MLP_ENTRIES: dict[str, Entry] = {
     "hidden_layer_sizes": ("array-like of int or int", "The width of each hidden layer."),
     "activation": (
         "{'identity', 'logistic', 'tanh', 'relu'}",
@@ -35,9 +35,7 @@ _MLP_ENTRIES: dict[str, tuple[str, str]] = {
         "``learning_rate_init / (t + 1) ** power_t``.",
     ),
     "learning_rate_init": ("float", "The initial learning rate, for scikit-learn's loss scale."),
-    "power_t": ("float", "The exponent of ``learning_rate='invscaling'``."),
     "momentum": ("float", "The momentum of 'sgd', in [0, 1]; 0 gives plain SGD."),
-    "nesterovs_momentum": ("bool", "Whether 'sgd' with momentum takes Nesterov's step."),
     "beta_1": ("float", "Adam's decay of the first moment, in [0, 1)."),
     "beta_2": ("float", "Adam's decay of the second moment, in [0, 1)."),
     "epsilon": ("float", "Adam's epsilon, for scikit-learn's loss scale."),
@@ -45,6 +43,15 @@ _MLP_ENTRIES: dict[str, tuple[str, str]] = {
     "intercepts_": ("list of ndarray", "The intercept vector of each layer."),
     "n_layers_": ("int", "Number of layers, input and output included."),
     "n_outputs_": ("int", "Number of outputs."),
+    "mlp_attributes": "%(coefs_)s\n%(intercepts_)s\n%(n_layers_)s\n%(n_outputs_)s",
+    # in the signature's order (after the regressor's loss)
+    "mlp_parameters": (
+        "%(hidden_layer_sizes)s\n%(activation)s\n%(solver)s\n%(alpha)s\n%(batch_size)s\n%(learning_rate)s\n"
+        "%(learning_rate_init)s\n%(power_t)s\n%(max_iter)s\n%(shuffle)s\n%(random_state)s\n%(tol)s\n"
+        "%(verbose)s\n%(warm_start)s\n%(momentum)s\n%(nesterovs_momentum)s\n%(early_stopping)s\n"
+        "%(validation_fraction)s\n%(beta_1)s\n%(beta_2)s\n%(epsilon)s\n%(n_iter_no_change)s\n%(device)s\n"
+        "%(training)s\n%(checkpoint_dir)s\n%(checkpoint_every)s"
+    ),
 }
 
 
@@ -145,46 +152,12 @@ class OrtMLPRegressor(OrtRegressorMixin, RegressorMixin, _OrtMLPBase):
     ----------
     loss : {'squared_error'}, default='squared_error'
         The loss: ``(y - p)^2 / 2`` summed over the outputs.
-    %(hidden_layer_sizes)s
-    %(activation)s
-    %(solver)s
-    %(alpha)s
-    %(batch_size)s
-    %(learning_rate)s
-    %(learning_rate_init)s
-    %(power_t)s
-    %(max_iter)s
-    %(shuffle)s
-    %(random_state)s
-    %(tol)s
-    %(verbose)s
-    %(warm_start)s
-    %(momentum)s
-    %(nesterovs_momentum)s
-    %(early_stopping)s
-    %(validation_fraction)s
-    %(beta_1)s
-    %(beta_2)s
-    %(epsilon)s
-    %(n_iter_no_change)s
-    %(device)s
-    %(training)s
-    %(checkpoint_dir)s
-    %(checkpoint_every)s
+    %(mlp_parameters)s
 
     Attributes
     ----------
-    %(coefs_)s
-    %(intercepts_)s
-    %(n_layers_)s
-    %(n_outputs_)s
-    %(n_features_in_)s
-    %(feature_names_in_)s
-    %(n_iter_)s
-    %(loss_curve_)s
-    %(best_loss_)s
-    %(validation_scores_)s
-    %(best_validation_score_)s
+    %(mlp_attributes)s
+    %(fit_attributes)s
     out_activation_ : str
         'identity'.
     """
@@ -269,47 +242,13 @@ class OrtMLPClassifier(OrtClassifierMixin, ClassifierMixin, _OrtMLPBase):
 
     Parameters
     ----------
-    %(hidden_layer_sizes)s
-    %(activation)s
-    %(solver)s
-    %(alpha)s
-    %(batch_size)s
-    %(learning_rate)s
-    %(learning_rate_init)s
-    %(power_t)s
-    %(max_iter)s
-    %(shuffle)s
-    %(random_state)s
-    %(tol)s
-    %(verbose)s
-    %(warm_start)s
-    %(momentum)s
-    %(nesterovs_momentum)s
-    %(early_stopping)s
-    %(validation_fraction)s
-    %(beta_1)s
-    %(beta_2)s
-    %(epsilon)s
-    %(n_iter_no_change)s
-    %(device)s
-    %(training)s
-    %(checkpoint_dir)s
-    %(checkpoint_every)s
+    %(mlp_parameters)s
 
     Attributes
     ----------
     %(classes_)s
-    %(coefs_)s
-    %(intercepts_)s
-    %(n_layers_)s
-    %(n_outputs_)s
-    %(n_features_in_)s
-    %(feature_names_in_)s
-    %(n_iter_)s
-    %(loss_curve_)s
-    %(best_loss_)s
-    %(validation_scores_)s
-    %(best_validation_score_)s
+    %(mlp_attributes)s
+    %(fit_attributes)s
     out_activation_ : str
         'logistic' for two classes, 'softmax' for more.
     """

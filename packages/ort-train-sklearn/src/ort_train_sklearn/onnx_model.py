@@ -23,10 +23,10 @@ from ._base import (
     _same_classes,
 )
 from ._convert import TrainableGraph, to_trainable_graph
-from ._docs import fill_doc
+from ._docs import Entry, fill_doc
 
 #: the parameters and attributes both estimators document alike
-_ONNX_MODEL_ENTRIES: dict[str, tuple[str, str]] = {
+_ONNX_MODEL_ENTRIES: dict[str, Entry] = {
     "weights_to_train": (
         "list of str or None",
         "The initializers to train; None: every float initializer the output depends on.",
@@ -35,9 +35,15 @@ _ONNX_MODEL_ENTRIES: dict[str, tuple[str, str]] = {
     "solver": ("{'sgd', 'adam'}", "The optimizer: SGD (with ``momentum``) or Adam."),
     "learning_rate_init": ("float", "The learning rate (constant)."),
     "momentum": ("float", "The momentum of 'sgd', in [0, 1); 0 gives plain SGD."),
-    "nesterovs_momentum": ("bool", "Whether 'sgd' with momentum takes Nesterov's step."),
     "batch_size": ("int", "Rows per step."),
     "weights_": ("dict of str to ndarray", "The trained weights, by initializer name."),
+    # in the signature's order, after loss
+    "training_parameters": (
+        "%(alpha)s\n%(solver)s\n%(learning_rate_init)s\n%(momentum)s\n%(nesterovs_momentum)s\n"
+        "%(batch_size)s\n%(max_iter)s\n%(tol)s\n%(n_iter_no_change)s\n%(shuffle)s\n%(random_state)s\n"
+        "%(early_stopping)s\n%(validation_fraction)s\n%(warm_start)s\n%(verbose)s\n%(device)s\n"
+        "%(training)s\n%(checkpoint_dir)s\n%(checkpoint_every)s"
+    ),
 }
 
 
@@ -133,36 +139,12 @@ class OnnxModelRegressor(OrtRegressorMixin, RegressorMixin, _OnnxModelBase):
     loss : {'squared_error', 'absolute_error', 'elastic'}, default='squared_error'
         The loss of each sample, over the outputs of d = p - y: ``sum(d ** 2)``,
         ``sum(|d|)`` or ``sum(0.5 * |d| + 0.5 * d ** 2)``.
-    %(alpha)s
-    %(solver)s
-    %(learning_rate_init)s
-    %(momentum)s
-    %(nesterovs_momentum)s
-    %(batch_size)s
-    %(max_iter)s
-    %(tol)s
-    %(n_iter_no_change)s
-    %(shuffle)s
-    %(random_state)s
-    %(early_stopping)s
-    %(validation_fraction)s
-    %(warm_start)s
-    %(verbose)s
-    %(device)s
-    %(training)s
-    %(checkpoint_dir)s
-    %(checkpoint_every)s
+    %(training_parameters)s
 
     Attributes
     ----------
     %(weights_)s
-    %(n_features_in_)s
-    %(feature_names_in_)s
-    %(n_iter_)s
-    %(loss_curve_)s
-    %(best_loss_)s
-    %(validation_scores_)s
-    %(best_validation_score_)s
+    %(fit_attributes)s
     """
 
     _parameter_constraints = {
@@ -240,38 +222,14 @@ class OnnxModelClassifier(OrtClassifierMixin, ClassifierMixin, _OnnxModelBase):
     %(weights_to_train)s
     loss : {'cross_entropy'}, default='cross_entropy'
         The cross-entropy of the logits.
-    %(alpha)s
-    %(solver)s
-    %(learning_rate_init)s
-    %(momentum)s
-    %(nesterovs_momentum)s
-    %(batch_size)s
-    %(max_iter)s
-    %(tol)s
-    %(n_iter_no_change)s
-    %(shuffle)s
-    %(random_state)s
-    %(early_stopping)s
-    %(validation_fraction)s
-    %(warm_start)s
-    %(verbose)s
-    %(device)s
-    %(training)s
-    %(checkpoint_dir)s
-    %(checkpoint_every)s
+    %(training_parameters)s
 
     Attributes
     ----------
     %(weights_)s
     classes_ : ndarray of shape (n_classes,)
         The model's class labels, in the order of its logit columns.
-    %(n_features_in_)s
-    %(feature_names_in_)s
-    %(n_iter_)s
-    %(loss_curve_)s
-    %(best_loss_)s
-    %(validation_scores_)s
-    %(best_validation_score_)s
+    %(fit_attributes)s
     """
 
     _expected_kind = "classifier"
