@@ -1,20 +1,22 @@
-"""Helpers the benchmark scripts share: the machine description, result file names and
-writers, timing (best of round-robin repeats) and a peak-RSS sampler.
+"""The benchmarks' report writer and what every benchmark shares: the machine description,
+result files, Markdown tables, targets, and a peak-RSS sampler.
 
-Conventions (the same as ``bench_full.py``, ``bench_sklearn.py`` and ``bench_torch.py``):
+Conventions of every benchmark:
 
 - results go to ``<host>-<date>[-<name>][-quick].{json,md,png}``, ``host`` the machine's name
   with anything but letters, digits, ``_``, ``.`` and ``-`` removed (``vm-2026-11-22.md``);
+  ``docs/conf.py`` shows the newest Markdown and PNG files of each series;
 - every result holds :func:`machine_info`: CPU model, logical and usable CPUs, the versions of the
   libraries that matter, the BLAS thread pools, and the thread settings of the run;
 - times are ``time.perf_counter`` seconds; after one untimed warm-up run per route, the repeats
-  go round-robin over the routes of a case (:func:`round_robin`) so that a busy moment of a
-  shared machine hits every route alike, and the best repeat is reported;
+  go round-robin over the routes of a case so that a busy moment of a shared machine hits every
+  route alike, and the best repeat is reported;
 - the 1-minute load average is recorded around each case (:func:`loadavg`).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import ctypes
 import datetime
@@ -27,8 +29,7 @@ import re
 import socket
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,17 +37,8 @@ import numpy as np
 
 #: distributions whose versions :func:`machine_info` records when installed
 DEFAULT_DISTRIBUTIONS = (
-    "numpy",
-    "scipy",
-    "onnx",
-    "onnxruntime-training-cpu",
-    "onnxruntime-training",
-    "torch",
-    "scikit-learn",
-    "skl2onnx",
-    "ort-train-core",
-    "ort-train-sklearn",
-    "ort-train-torch",
+    *("numpy", "scipy", "onnx", "onnxruntime-training-cpu", "onnxruntime-training", "torch"),
+    *("scikit-learn", "skl2onnx", "ort-train-core", "ort-train-sklearn", "ort-train-torch"),
 )
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -169,23 +161,9 @@ def result_stem(name: str | None = None, quick: bool = False, date: str | None =
 
 
 def _json_default(value: Any) -> Any:
-    try:
-        import numpy as np
-    except ImportError:  # pragma: no cover
-        raise TypeError(f"not JSON serialisable: {type(value).__name__}") from None
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
+    if isinstance(value, (np.generic, np.ndarray)):
         return value.tolist()
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
-
-
-def write_json(path: str | os.PathLike[str], report: Any) -> Path:
-    """Writes ``report`` (numpy scalars and arrays allowed) as indented JSON."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(report, indent=2, default=_json_default) + "\n")
-    return p
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> Path:
@@ -212,51 +190,79 @@ def markdown_table(header: list[str], rows: Iterable[list[str]], align: list[str
     return lines
 
 
-# ---- timing -------------------------------------------------------------------------------
-def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    """(seconds, result) of one call, time.perf_counter."""
-    t = time.perf_counter()
-    result = fn()
-    return time.perf_counter() - t, result
+def write_report(
+    out: str | os.PathLike[str], name: str | None, quick: bool, report: Any, markdown: str
+) -> tuple[Path, Path]:
+    """Writes ``<stem>.json`` (``report``) and ``<stem>.md`` (``markdown``) into ``out``, the stem
+    from :func:`result_stem`; returns both paths."""
+    stem = result_stem(name, quick, report.get("date"))
+    # numpy scalars and arrays become numbers and lists
+    text = json.dumps(report, indent=2, default=_json_default)
+    paths = write_text(Path(out) / f"{stem}.json", text), write_text(Path(out) / f"{stem}.md", markdown)
+    print(f"wrote {paths[0]} and {paths[1]}", flush=True)
+    return paths
 
 
-def torch_sgd_loop(
-    model: Any,
-    batches: Sequence[tuple[Any, Any]],
-    loss_fn: Callable[[Any, Any], Any],
-    lr: float,
-    epochs: int,
-    losses: np.ndarray,
-    after_epoch: Callable[[], None] | None = None,
-) -> float:
-    """The timed loop of every torch peer: ``torch.optim.SGD`` (no momentum) over the batches,
-    ``loss.item()`` into ``losses[i]`` each step, ``after_epoch`` at each epoch's end (inside the
-    timing, as it is part of the route's work); returns the seconds."""
-    import torch
-
-    t = time.perf_counter()
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.0)
-    for _ in range(epochs):
-        for i, (xb, yb) in enumerate(batches):
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(xb), yb)
-            loss.backward()
-            opt.step()
-            losses[i] = loss.item()
-        if after_epoch is not None:
-            after_epoch()
-    return time.perf_counter() - t
+def arguments(description: str | None, quick: str) -> argparse.ArgumentParser:
+    """A parser with ``--quick`` (``quick`` says what it changes) and ``--out``."""
+    parser = argparse.ArgumentParser(description=(description or "").split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help=quick)
+    parser.add_argument("--out", default=str(RESULTS_DIR), help="folder of the result files")
+    return parser
 
 
-def round_robin(runs: Mapping[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
-    """``repeats`` rounds, each calling every run once in order; each run returns its own timed
-    seconds (so that it can leave its preparation out). A busy moment of a shared machine then
-    hits every route alike instead of one route's whole series."""
-    times: dict[str, list[float]] = {key: [] for key in runs}
-    for _ in range(repeats):
-        for key, run in runs.items():
-            times[key].append(float(run()))
-    return times
+def load_text(cases: Iterable[Mapping[str, Any]]) -> str:
+    """``name before-after, ...``: the 1-minute load average around each case."""
+    loads = [(c["name"], c["loadavg_1min"]) for c in cases if None not in c["loadavg_1min"]]
+    return ", ".join(f"{name} {a:.1f}-{b:.1f}" for name, (a, b) in loads) + "."
+
+
+def check_targets(
+    targets: Iterable[tuple[str, str | None, str, str, str, float]], cases: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """Each target ``(name, case name or None for every case, numerator route, denominator
+    route, '<=' or '>=', bound)`` against the us/step ratio of the two routes of its cases."""
+    rows = []
+    for name, case_name, num, den, op, bound in targets:
+        for case in cases:
+            routes = case["routes"]
+            if case_name not in (None, case["name"]) or num not in routes or den not in routes:
+                continue
+            ratio = routes[num]["us_per_step"] / routes[den]["us_per_step"]
+            ok = ratio <= bound if op == "<=" else ratio >= bound
+            rows.append(
+                {"target": name, "case": case["name"], "ratio": ratio, "op": op, "bound": bound, "pass": ok}
+            )
+    return rows
+
+
+def targets_table(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The Markdown lines of :func:`check_targets`' rows."""
+    return markdown_table(
+        ["target", "case", "ratio", "bound", "result"],
+        [
+            [
+                t["target"],
+                t["case"],
+                f"{t['ratio']:.2f}",
+                f"{t['op']} {t['bound']}",
+                "PASS" if t["pass"] else "MISS",
+            ]
+            for t in rows
+        ],
+        ["l", "l", "r", "r", "l"],
+    )
+
+
+def route_notes(notes: Iterable[tuple[str, str, str]]) -> list[str]:
+    """``- label (where): note`` lines from (label, where, note), each (label, note) once."""
+    seen: set[tuple[str, str]] = set()
+    lines = []
+    for label, where, note in notes:
+        if (label, note) not in seen:
+            seen.add((label, note))
+            lines.append(f"- {label} ({where}): {note}")
+    return lines
 
 
 # ---- memory -------------------------------------------------------------------------------
@@ -340,50 +346,3 @@ class RssSampler:
         if self.baseline is None or self.peak is None:
             return None
         return max(0, self.peak - self.baseline)
-
-    @contextlib.contextmanager
-    def measure(self) -> Iterator[RssSampler]:
-        self.start()
-        try:
-            yield self
-        finally:
-            self.stop()
-
-
-# ---- models ---------------------------------------------------------------------------------
-def mlp_onnx(
-    layers: Sequence[tuple[np.ndarray, np.ndarray]],
-    names: tuple[str, str] = ("coef", "bias"),
-    output: str = "variable",
-    graph_name: str = "mlp",
-) -> Any:
-    """MatMul/Add(/Relu between layers) prediction graph (opset 17, IR 8): input ``X`` [N, F],
-    initializers ``{names[0]}{k}`` (in x out) and ``{names[1]}{k}`` holding copies of ``layers``;
-    a single layer is a linear model."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    nodes, inits = [], []
-    current = "X"
-    w_name, b_name = names
-    for k, (W, b) in enumerate(layers):
-        W32, b32 = np.array(W, dtype=np.float32), np.array(b, dtype=np.float32)
-        inits += [numpy_helper.from_array(W32, f"{w_name}{k}"), numpy_helper.from_array(b32, f"{b_name}{k}")]
-        last = k == len(layers) - 1
-        nodes.append(helper.make_node("MatMul", [current, f"{w_name}{k}"], [f"mm{k}"]))
-        out = output if last else f"pre{k}"
-        nodes.append(helper.make_node("Add", [f"mm{k}", f"{b_name}{k}"], [out]))
-        if not last:
-            nodes.append(helper.make_node("Relu", [out], [f"act{k}"]))
-            out = f"act{k}"
-        current = out
-    n_in, n_out = np.shape(layers[0][0])[0], np.shape(layers[-1][0])[1]
-    graph = helper.make_graph(
-        nodes,
-        graph_name,
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", n_in])],
-        [helper.make_tensor_value_info(output, TensorProto.FLOAT, ["N", n_out])],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model

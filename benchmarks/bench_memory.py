@@ -2,35 +2,20 @@
 size of the data (issue 7: "training a 1M x 100 float32 linear model keeps peak RSS under 2.5x
 the data size").
 
-Each route runs in a fresh Python process (``python bench_memory.py --child ROUTE``), so that
-its peak RSS is its own: no earlier route's pages, arenas or caches. In that process:
+Each route runs in a fresh Python process (``--child ROUTE``), so that its peak RSS is its own.
+There: imports and the ONNX graph first, then the *baseline* RSS (``VmRSS``); X [N, 100] and y
+[N] written chunk by chunk (no temporary the size of the data); the peak counter reset
+(``/proc/self/clear_refs``); 2 epochs, batch 1000, plain SGD, squared error (the fit builds its
+graphs and sessions: their memory is in the peak); the peak RSS is ``VmHWM`` at the end.
 
-1. imports (numpy, onnx, ``ort_train_core``; ``ort_train_sklearn`` and scikit-learn for the
-   scikit-learn route) and the ONNX graph are done first; the RSS is then the *baseline*
-   (interpreter + libraries), read from ``VmRSS`` of ``/proc/self/status``;
-2. X float32 [N, 100] and y float32 [N] are created in place, chunk by chunk (no temporaries the
-   size of the data); data size = ``X.nbytes + y.nbytes``; the RSS is read again, then the peak
-   RSS counter is reset (``echo 5 > /proc/self/clear_refs``, where the kernel allows it);
-3. the model trains 2 epochs, batch 1000, plain SGD, squared error, mean reduction (the fit
-   builds its graphs and sessions itself: their memory is in the peak);
-4. the peak RSS is ``VmHWM`` of ``/proc/self/status`` at the end.
-
-Routes: ``OrtGradientOptimizer`` (full loop, the graph with ``add_loss_output(...,
-'squared_error')``) with ``shuffle=True`` and ``shuffle=False``; the partial loop
-``OrtGradientForwardBackwardOptimizer`` (prediction graph, ``learning_loss='square_error'``)
-with both; ``ort_train_sklearn.OrtSGDRegressor`` (``shuffle=True``, ``tol=None``, no penalty),
-also with ``early_stopping=True`` (its 10 % validation split is a copy of the data, made by
-``train_test_split``).
-
-Ratios: ``strict = peak RSS / data size`` (the issue's words read literally: everything the
-process holds, interpreter and libraries included) and ``incremental = (peak RSS - baseline
-before data) / data size`` (what training a data set costs on top of a process that has
-imported the libraries: the part that grows with N). The target row uses the incremental ratio,
-since the baseline (~0.1-0.3 GB) does not depend on the data and would decide the strict ratio
-alone on small data; both are reported, on every route.
+Routes: the full loop and the partial loop, each with ``shuffle=True`` and ``False``;
+``OrtSGDRegressor``, also with ``early_stopping=True`` (its validation split copies the data).
+Ratios: ``strict = peak / data size`` (everything the process holds) and ``incremental = (peak -
+baseline) / data size`` (what training costs on top of the imported libraries, the part that
+grows with N): the target uses the incremental ratio; both are reported.
 
 Run: ``python benchmarks/bench_memory.py [--quick] [--rows N] [--out benchmarks/results]``
-(``--quick``: 100k rows; default 1M rows, about 400 MB of data, under a minute on 2 cores).
+(``--quick``: 100k rows; default 1M rows, about 400 MB of data).
 """
 
 from __future__ import annotations
@@ -49,6 +34,7 @@ if str(BENCH_DIR) not in sys.path:
     sys.path.insert(0, str(BENCH_DIR))
 
 import _common as common  # noqa: E402
+from routes import mlp_onnx  # noqa: E402
 
 N_FEATURES = 100
 EPOCHS = 2
@@ -106,28 +92,6 @@ def reset_peak_rss() -> bool:
     return True
 
 
-def prediction_model(n_features: int) -> Any:
-    """MatMul + Add, output ``variable`` [N, 1], zero-initialised weights."""
-    import numpy as np
-    from onnx import TensorProto, helper, numpy_helper
-
-    coef = np.zeros((n_features, 1), dtype=np.float32)
-    bias = np.zeros(1, dtype=np.float32)
-    graph = helper.make_graph(
-        [
-            helper.make_node("MatMul", ["X", "coef"], ["mm"]),
-            helper.make_node("Add", ["mm", "bias"], ["variable"]),
-        ],
-        "linear",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", n_features])],
-        [helper.make_tensor_value_info("variable", TensorProto.FLOAT, ["N", 1])],
-        [numpy_helper.from_array(coef, "coef"), numpy_helper.from_array(bias, "bias")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
-
-
 def make_data(n: int, n_features: int, seed: int = SEED) -> tuple[Any, Any]:
     """X ~ N(0, 1) float32 [n, n_features], y = X w + 0.5 + noise float32 [n], written chunk by
     chunk into the final arrays."""
@@ -164,9 +128,12 @@ def make_trainer(route: str, epochs: int, batch: int) -> tuple[Any, Any]:
             early_stopping=mode == "earlystop",
         )
         return reg, lambda: float(reg.loss_curve_[-1])
+    import numpy as np
+
     import ort_train_core as otc
 
-    model = prediction_model(N_FEATURES)
+    # MatMul + Add, output ``variable`` [N, 1], zero-initialised weights
+    model = mlp_onnx([(np.zeros((N_FEATURES, 1), np.float32), np.zeros(1, np.float32))], graph_name="linear")
     if kind == "full":
         trainer = otc.OrtGradientOptimizer(
             otc.add_loss_output(model, "squared_error", reduction="mean"),
@@ -355,11 +322,7 @@ METHOD = (
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--quick", action="store_true", help="100k rows instead of 1M")
-    parser.add_argument(
-        "--out", default=str(common.RESULTS_DIR), help="folder for the JSON and Markdown results"
-    )
+    parser = common.arguments(__doc__, "100k rows instead of 1M")
     parser.add_argument("--rows", type=int, default=None, help="override the number of rows")
     parser.add_argument("--epochs", type=int, default=EPOCHS, help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, default=BATCH, help=argparse.SUPPRESS)
@@ -407,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         "worst_strict": max((r["strict_ratio"] for r in ok), default=float("nan")),
     }
     report = {
+        "date": common.today(),
         "benchmark": "memory",
         "quick": bool(args.quick),
         "rows": rows,
@@ -419,11 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         "routes": results,
         "target": target,
     }
-    stem = common.result_stem(name="memory", quick=args.quick)
-    out = Path(args.out)
-    json_path = common.write_json(out / f"{stem}.json", report)
-    md_path = common.write_text(out / f"{stem}.md", markdown(report))
-    print(f"wrote {json_path} and {md_path}", flush=True)
+    common.write_report(args.out, "memory", args.quick, report, markdown(report))
     print(
         f"target (peak - baseline) / data <= {TARGET_RATIO:g}: "
         f"{'met' if target['met'] else 'MISSED'} (worst {target['worst_incremental']:.2f}; "

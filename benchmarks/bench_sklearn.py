@@ -1,61 +1,39 @@
 """Estimator benchmark: ``OrtMLPRegressor.fit`` (ort-train-sklearn) against scikit-learn's
 ``MLPRegressor.fit`` with the very same parameters.
 
-Cases: two synthetic regression data sets (100k x 20 and 10k x 100, float32, fixed seed,
-standardised target with a non-linear part) x two solvers (``sgd``: momentum 0.9 with Nesterov,
-scikit-learn's defaults; ``adam``). Every case trains ``hidden_layer_sizes=(50,)`` ReLU,
-``batch_size=200``, ``learning_rate_init=0.001`` (constant), ``alpha=1e-4``, 10 epochs.
+Cases: two synthetic regression data sets (100k x 20 and 10k x 100, float32, standardised target
+with a non-linear part) x two solvers (``sgd``: momentum 0.9 with Nesterov; ``adam``), each
+``hidden_layer_sizes=(50,)`` ReLU, ``batch_size=200``, ``learning_rate_init=0.001`` (constant),
+``alpha=1e-4``, 10 epochs. Equal work: ``shuffle=False`` on both (their random streams differ);
+exactly ``max_iter`` epochs (ours ``tol=None``, scikit-learn's ``tol=0`` with
+``n_iter_no_change = max_iter + 1``; ``n_iter_`` is checked); the same ``random_state``, from
+which both draw the same Glorot-uniform initial weights, so they follow the same trajectory up
+to float32 rounding (and Adam's epsilon, which scikit-learn adds before the bias correction).
 
-Equal work:
-
-- ``shuffle=False`` on both: scikit-learn and ort-train shuffle with different random streams,
-  so with ``shuffle=True`` the two would not visit the same batches.
-- both run exactly ``max_iter`` epochs: ours with ``tol=None`` (no stopping rule), scikit-learn
-  with ``tol=0`` and ``n_iter_no_change = max_iter + 1`` (its stopping rule cannot fire);
-  ``early_stopping=False`` on both (no validation split). ``n_iter_`` is checked.
-- the same ``random_state``: both draw the Glorot-uniform initial weights from
-  ``check_random_state(random_state)`` in the same order, so they start from the same weights
-  and, without shuffling, follow the same trajectory up to float32 rounding (and Adam's epsilon,
-  which scikit-learn adds to sqrt(v) before the bias correction of the step, ours after).
-- scikit-learn keeps float32 input in float32 (its MLP preserves the dtype), as ours trains it.
-
-Timing: ``fit`` end to end (time.perf_counter), one untimed warm-up fit per estimator, then the
-best of ``--repeats`` fits, the repeats going round-robin over the two estimators so that a busy
-moment of a shared machine hits both alike. Every ``fit`` of ours (``warm_start=False``) builds
-its initial graph and trainer again and takes its fused step graph and session from the
-process-wide caches that the warm-up filled (as a second fit, a grid-search candidate or a
-cross-validation fold does): that setup is included, and also timed apart (``setup``, through
-private methods). The first fit, which builds the gradient graph, is reported apart. us/step = fit time /
-(epochs * batches per epoch). speedup = scikit-learn's fit time / ours.
-
-Quality: ``loss_curve_[-1]`` of both (the last epoch's mean batch loss, penalty included, in
-scikit-learn's scale: 0.5 * MSE + alpha/2 * ||W||^2 / batch), their relative difference, and
-the R2 of both on held-out test rows (20 % as many as the training rows, same distribution).
+Timing: ``fit`` end to end, one untimed warm-up fit per estimator, then the best of ``--repeats``
+fits, round-robin over the two. Each fit of ours builds its initial graph and trainer again and
+takes its fused step graph and session from the process-wide caches the warm-up filled (as a
+grid-search candidate does): that setup is included, and timed apart too. us/step = fit time /
+steps; speedup = scikit-learn's fit time / ours. Quality: both ``loss_curve_[-1]`` (scikit-learn's
+scale, penalty included), their relative difference, and the R2 on held-out test rows.
 
 Target (from the issue): ``OrtMLPRegressor.fit`` >= 2x faster than ``MLPRegressor.fit`` at equal
 final training loss (relative difference <= 5 %), per case.
 
 Run: ``python benchmarks/bench_sklearn.py [--quick] [--out benchmarks/results]``; it writes
-``<host>-<date>-sklearn.json`` and ``.md`` (``-sklearn-quick`` with ``--quick``).
+``<host>-<date>-sklearn[-quick].{json,md}``.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
-import os
-import re
-import socket
 import sys
 import time
 import warnings
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from _common import machine_info
+import _common as common
 
 SEED = 0
 HIDDEN = (50,)
@@ -132,9 +110,10 @@ def timed_fit(est: Any, X: np.ndarray, y: np.ndarray) -> float:
         return time.perf_counter() - t
 
 
-def ours_setup_seconds(est: Any, X: np.ndarray) -> float | None:
-    """What each of our fits spends before its first step: initial graph, trainer, fused step
-    graph(s) and session (private methods; None if they changed)."""
+def ours_setup_seconds(est: Any, X: np.ndarray, y: np.ndarray) -> float | None:
+    """What each of our fits spends before its first step: initial graph, trainer, and its
+    ``prepare`` (input checks, fused step graph(s) and session); the estimator's initial graph
+    and trainer come from its private hooks (None if they changed)."""
     from sklearn.base import clone
     from sklearn.utils import check_random_state
 
@@ -143,13 +122,8 @@ def ours_setup_seconds(est: Any, X: np.ndarray) -> float | None:
         n, d = X.shape
         t = time.perf_counter()
         rng = check_random_state(fresh.random_state)
-        model = fresh._initial_graph(d, 1, rng)
-        trainer = fresh._make_trainer(model, n, 1, rng)
-        device, lr = trainer._validate_params()
-        trainer._prepare_graphs(device, lr)
-        batch = int(trainer.batch_size)
-        for size in sorted({min(batch, n - s) for s in range(0, n, batch)}):
-            trainer._fused(size, device, lr)
+        trainer = fresh._make_trainer(fresh._initial_graph(d, 1, rng), n, 1, rng)
+        trainer.prepare(X, y.reshape(-1, 1))
         return time.perf_counter() - t
     except (AttributeError, TypeError, ValueError) as exc:
         print(f"  (setup not measured: {type(exc).__name__}: {exc})", flush=True)
@@ -162,7 +136,7 @@ def run_case(
     X, y, X_test, y_test = data
     n, d = X.shape
     steps = epochs * -(-n // BATCH)
-    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    load_before = common.loadavg()
     print(f"[{name}, {solver}] {n} x {d}, {steps} steps", flush=True)
     ests = make_estimators(solver, epochs)
     first = {key: timed_fit(est, X, y) for key, est in ests.items()}
@@ -189,7 +163,7 @@ def run_case(
             "score_seconds": predict_seconds,
             "n_iter": int(est.n_iter_),
         }
-    routes["ours"]["setup_seconds"] = ours_setup_seconds(ests["ours"], X)
+    routes["ours"]["setup_seconds"] = ours_setup_seconds(ests["ours"], X, y)
     sk, ours = routes["sklearn"], routes["ours"]
     speedup = sk["seconds"] / ours["seconds"]
     loss_rel_diff = abs(ours["final_loss"] - sk["final_loss"]) / abs(sk["final_loss"])
@@ -215,38 +189,26 @@ def run_case(
         "loss_rel_diff": loss_rel_diff,
         "equal_loss": bool(equal_loss),
         "pass": bool(equal_loss and speedup >= TARGET_SPEEDUP),
-        "loadavg_1min": [load_before, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
+        "loadavg_1min": [load_before, common.loadavg()],
     }
 
 
-# ---- machine ------------------------------------------------------------------------------
 # ---- report -------------------------------------------------------------------------------
 def markdown(report: dict[str, Any]) -> str:
-    m = report["machine"]
-    v = m["versions"]
     cfg = report["config"]
-    blas = ", ".join(
-        f"{b['internal_api']} {b['version']} ({b['num_threads']} threads)" for b in m.get("blas", [])
-    )
     from ort_train_core.optimizer import CPU_ONE_THREAD_MAX_WORK as one_thread_max
 
     lines = [
         f"# OrtMLPRegressor vs scikit-learn MLPRegressor "
         f"({report['date']}{', quick' if cfg['quick'] else ''})",
         "",
-        f"Machine: {m['cpu']}, {m['usable_cpus']} usable CPUs; Python {v['python']}, "
-        f"numpy {v.get('numpy')}{f' ({blas})' if blas else ''}, onnxruntime {v.get('onnxruntime')}, "
-        f"scikit-learn {v.get('scikit-learn')}, ort-train-sklearn {v.get('ort-train-sklearn')}; "
-        "onnxruntime intra-op threads: one for a fused step whose batch rows x trained values is "
-        f"at most {one_thread_max:.1e} (every case here), the default for other sessions.",
+        common.machine_line(report["machine"])
+        + f" ort-train-sklearn {report['machine']['versions'].get('ort-train-sklearn')}; onnxruntime "
+        "intra-op threads: one for a fused step whose batch rows x trained values is at most "
+        f"{one_thread_max:.1e} (every case here), the default for other sessions.",
         "",
         "1-minute load average around each case (this benchmark's own threads included): "
-        + ", ".join(
-            f"{c['name']} {c['loadavg_1min'][0]:.1f}-{c['loadavg_1min'][1]:.1f}"
-            for c in report["cases"]
-            if None not in c["loadavg_1min"]
-        )
-        + ".",
+        + common.load_text(report["cases"]),
         "",
         f"Both estimators: hidden_layer_sizes={cfg['hidden_layer_sizes']}, relu, "
         f"batch_size={cfg['batch_size']}, learning_rate_init={cfg['learning_rate_init']} (constant), "
@@ -270,7 +232,8 @@ def markdown(report: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "Ours apart (ms): setup = initial graph + trainer + fused step graph + session as every "
+        "Ours apart (ms): setup = initial graph + trainer + prepare (input checks, fused step graph, "
+        "session) as every "
         "fit after the first gets them (graphs and sessions from the process caches; included "
         "in its fit time); first fit = the warm-up, which builds them; score = "
         "predict + R2 on the test rows (ours: the first predict builds an inference session).",
@@ -311,15 +274,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 # ---- main ---------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument(
-        "--quick", action="store_true", help=f"rows / {QUICK_ROW_DIVISOR}, 3 epochs, 3 repeats"
-    )
-    parser.add_argument(
-        "--out",
-        default=str(Path(__file__).resolve().parent / "results"),
-        help="folder for the JSON and Markdown results",
-    )
+    parser = common.arguments(__doc__, f"rows / {QUICK_ROW_DIVISOR}, 3 epochs, 3 repeats")
     parser.add_argument("--epochs", type=int, default=None, help="override the number of epochs")
     parser.add_argument("--repeats", type=int, default=None, help="override the repeats")
     args = parser.parse_args(argv)
@@ -336,9 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         for solver in SOLVERS:
             cases.append(run_case(name, solver, data, epochs, repeats))
 
-    date = datetime.date.today().isoformat()
     report = {
-        "date": date,
+        "date": common.today(),
         "config": {
             "quick": args.quick,
             "datasets": [
@@ -358,18 +312,12 @@ def main(argv: list[str] | None = None) -> int:
             "loss_rtol": LOSS_RTOL,
             "target_speedup": TARGET_SPEEDUP,
         },
-        "machine": machine_info(),
+        "machine": common.machine_info(),
         "cases": cases,
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    host = re.sub(r"[^A-Za-z0-9_.-]", "", socket.gethostname()) or "machine"
-    stem = f"{host}-{date}-sklearn{'-quick' if args.quick else ''}"
-    (out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / f"{stem}.md").write_text(markdown(report))
-    print()
-    print(markdown(report))
-    print(f"wrote {out / stem}.json and .md")
+    text = markdown(report)
+    print(f"\n{text}")
+    common.write_report(args.out, "sklearn", args.quick, report, text)
     return 0
 
 

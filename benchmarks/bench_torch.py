@@ -1,69 +1,40 @@
 """Torch adapter benchmark: ``ort_train_torch.OnnxModule`` forward + backward against the same
 network as a pure-torch ``nn.Sequential``.
 
-Case (from the issue): one forward + backward per batch through an MLP(100, 100): 100 input
-features, two hidden layers of 100 ReLU units, 1 output, float32; batch 1000, and batches 100
-and 10000 beside it.
+Case (from the issue): one forward + backward per batch through an MLP(100, 100) (100 float32
+features, two hidden layers of 100 ReLU units, 1 output), batch 1000, and 100 and 10000 beside it.
+Routes per batch size, over the same weights (:func:`routes.mlp_onnx` of the torch layers): the
+OnnxModule and torch, each with the input not requiring a gradient (a first layer) and requiring
+one (a middle layer: a second forward/backward graph that also returns the input's gradient);
+and the ``floor``, ort-train-core's ``OrtGradientForwardBackward`` over the same graph with every
+OrtValue made once (OnnxModule minus floor is the adapter's cost). A step: gradients set to
+None, ``out = module(x)``, ``out.backward(grad)`` with a fixed random output gradient; nothing is
+updated, so every step does the same work. Same work: one step's gradients of the OnnxModule and
+of torch must agree within 1e-4 (relative to the largest torch gradient), else the run exits 1.
 
-Routes (per batch size), all over the very same weights:
-
-- ``OnnxModule, x without grad``: the MLP as an ONNX graph (MatMul/Add/Relu built with
-  ``onnx.helper``, opset 17, IR 8, the weights copied from the torch ``nn.Linear`` layers,
-  transposed) in an ``OnnxModule``; a step is ``for p in params: p.grad = None``,
-  ``out = module(x)``, ``out.backward(grad)``. The input does not require a gradient (a
-  first layer): the TrainingAgent computes the parameters' gradients only.
-- ``OnnxModule, x requires grad``: the same with ``x.requires_grad=True`` (a middle layer): a
-  second forward/backward graph that also returns the input's gradient; ``x.grad`` is reset
-  each step too.
-- ``torch nn.Sequential, x without grad`` / ``x requires grad``: ``nn.Linear -> ReLU -> ...``
-  holding the same weights, the same per-step work.
-- ``floor`` (diagnostic, no target): ort-train-core's ``OrtGradientForwardBackward`` over the
-  same graph with every OrtValue made once; a step is its ``forward`` + ``backward``
-  (TrainingAgent only: no torch autograd, no DLPack conversion). OnnxModule minus floor is the
-  adapter's cost; floor / torch compares onnxruntime's kernels with torch's.
-
-``grad`` is a fixed random (batch, 1) tensor, the gradient of the output (as a loss would hand
-it back), the same for every route. Nothing is updated, so every step does identical work.
-
-Same work: on one batch the parameter gradients of the OnnxModule (``W{k}`` is the transpose
-of torch's ``weight``) and those of torch, and the input gradients of the middle-layer routes,
-must agree: max abs difference / max abs torch gradient <= 1e-4, per case (the report flags a
-miss and the run exits with status 1).
-
-Timing: time.perf_counter around a block of steps (``steps per block``: tens of ms), after
-each route's first step (reported apart: the x-requires-grad route builds its graph then) and
-an untimed warm-up block. Then ``--repeats`` rounds, each timing one block of every route of
-every batch size, so that the samples of each route spread over the whole run and a busy spell
-of a shared machine hits all routes alike; an untimed 50 ms pause before each block lets the
-previous route's thread pools go idle (onnxruntime's intra-op workers spin for some 20-30 ms
-after a run, torch's OpenMP threads for some 10 ms; on 2 cores a block timed inside that spin
-shares its cores with it). us/step = best block / steps per block; the median is reported
-too. ratio = OnnxModule us/step / torch us/step (same input-gradient setting). The report
-states the load average and the CPU share other processes took during the timed phase.
-
-Threads: ``torch.set_num_threads(2)`` (the machine has 2 cores; the number is the usable CPUs);
-onnxruntime's sessions (made by ort-train-core, no intra-op setting) use the default intra-op
-thread count (0: one per physical core).
+Timing: blocks of steps (tens of ms), after each route's first step (reported apart) and an
+untimed warm-up block; then ``--repeats`` rounds, each timing one block of every route of every
+batch size (a busy spell of a shared machine hits all alike), with an untimed pause before each
+block while the previous route's thread pools spin down. us/step = best block / steps per
+block, the median beside it. Threads: torch uses the usable CPUs; onnxruntime its default.
 
 Target (from the issue): OnnxModule forward + backward <= 1.3x torch (batch 1000, MLP(100, 100)).
 
 Run: ``python benchmarks/bench_torch.py [--quick] [--out benchmarks/results]``; it writes
-``<host>-<date>-torch.json`` and ``.md`` (``-torch-quick`` with ``--quick``).
+``<host>-<date>-torch[-quick].{json,md}``.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from _common import machine_info, machine_line, mlp_onnx, result_stem, usable_cpus, write_json, write_text
+import _common as common
+from routes import mlp_onnx
 
 SEED = 0
 N_FEATURES = 100
@@ -85,10 +56,10 @@ TARGET_BATCH = 1000
 TARGET_RATIO = 1.3
 
 TARGETS = [
-    # (name, batch, numerator route, denominator route, op, bound)
+    # (name, case, numerator route, denominator route, op, bound)
     (
         f"OnnxModule forward+backward <= {TARGET_RATIO}x torch (batch {TARGET_BATCH}, MLP(100, 100))",
-        TARGET_BATCH,
+        f"batch {TARGET_BATCH}",
         "ours",
         "torch",
         "<=",
@@ -123,28 +94,23 @@ def torch_mlp(seed: int = SEED) -> Any:
     return nn.Sequential(*mods)
 
 
-def onnx_mlp(net: Any) -> Any:
-    """The same network as MatMul/Add/Relu nodes (opset 17, IR 8); initializers ``W{k}``
-    (in x out: torch's weight transposed) and ``b{k}`` hold copies of the torch parameters."""
-    from torch import nn
-
-    layers = [
-        (lin.weight.detach().numpy().T, lin.bias.detach().numpy())
-        for lin in net
-        if isinstance(lin, nn.Linear)
-    ]
-    return mlp_onnx(layers, names=("W", "b"), output="Y")
-
-
-def torch_grads_as_onnx(net: Any) -> dict[str, Any]:
-    """The torch network's parameter gradients under the ONNX parameter names."""
+def torch_as_onnx(net: Any, grads: bool = False) -> dict[str, Any]:
+    """The torch network's parameters (or their gradients) under the ONNX names, as contiguous
+    copies in the graph's layout (``W{k}`` is the transpose of torch's ``weight``)."""
     from torch import nn
 
     out = {}
     for k, lin in enumerate(m for m in net if isinstance(m, nn.Linear)):
-        out[f"W{k}"] = lin.weight.grad.T
-        out[f"b{k}"] = lin.bias.grad
+        w, b = (lin.weight.grad, lin.bias.grad) if grads else (lin.weight.detach(), lin.bias.detach())
+        out[f"W{k}"], out[f"b{k}"] = w.T.contiguous(), b.clone()
     return out
+
+
+def onnx_mlp(net: Any) -> Any:
+    """The same network as an ONNX graph (:func:`routes.mlp_onnx`) holding copies of its weights."""
+    params = torch_as_onnx(net)
+    layers = [(params[f"W{k}"].numpy(), params[f"b{k}"].numpy()) for k in range(len(params) // 2)]
+    return mlp_onnx(layers, names=("W", "b"), output="Y")
 
 
 # ---- routes -------------------------------------------------------------------------------
@@ -180,7 +146,7 @@ def check_same_work(ours: Any, net: Any, x: Any, grad: Any) -> dict[str, Any]:
         xs = [x.detach().clone().requires_grad_(x_grad) for _ in range(2)]
         make_step(ours, xs[0], grad)()
         make_step(net, xs[1], grad)()
-        ref = torch_grads_as_onnx(net)
+        ref = torch_as_onnx(net, grads=True)
         pairs = [(name, ours.get_parameter(attr).grad, ref[name]) for attr, name in ours.onnx_names.items()]
         if x_grad:
             pairs.append(("X", xs[0].grad, xs[1].grad))
@@ -210,7 +176,7 @@ def make_floor_step(net: Any, x: Any, grad: Any) -> Callable[[], None]:
     from ort_train_torch import ortvalue_from_tensor
 
     fb = OrtGradientForwardBackward(onnx_mlp(net), device="cpu")
-    params = torch_weights_as_onnx(net)
+    params = torch_as_onnx(net)
     weights = [ortvalue_from_tensor(params[name]) for name in fb.weights_to_train]
     x_value, grad_value = ortvalue_from_tensor(x), ortvalue_from_tensor(grad)
     keep = (params, x, grad)
@@ -221,17 +187,6 @@ def make_floor_step(net: Any, x: Any, grad: Any) -> Callable[[], None]:
         assert keep
 
     return step
-
-
-def torch_weights_as_onnx(net: Any) -> dict[str, Any]:
-    """The torch network's parameters under the ONNX names, as contiguous (in, out) copies."""
-    from torch import nn
-
-    out = {}
-    for k, lin in enumerate(m for m in net if isinstance(m, nn.Linear)):
-        out[f"W{k}"] = lin.weight.detach().T.contiguous()
-        out[f"b{k}"] = lin.bias.detach().clone()
-    return out
 
 
 def setup_case(batch: int, steps: int, warmup: int) -> dict[str, Any]:
@@ -331,7 +286,7 @@ def run_cases(batches: list[tuple[int, int]], repeats: int) -> tuple[list[dict[s
     for batch, steps in batches:
         print(f"[batch {batch}] setting up ({steps} steps per block)", flush=True)
         prepared.append(setup_case(batch, steps, warmup=steps))
-    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    load_before = common.loadavg()
     busy_before, own_before, wall = busy_cpu_seconds(), os.times(), time.perf_counter()
     for k in range(repeats):
         for case in prepared:
@@ -344,40 +299,20 @@ def run_cases(batches: list[tuple[int, int]], repeats: int) -> tuple[list[dict[s
     own = (own_after.user + own_after.system) - (own_before.user + own_before.system)
     others = None
     if busy_before is not None and busy_after is not None:
-        others = max(0.0, (busy_after - busy_before) - own) / (wall * (os.cpu_count() or usable_cpus()))
+        others = max(0.0, (busy_after - busy_before) - own) / (
+            wall * (os.cpu_count() or common.usable_cpus())
+        )
     timing = {
         "seconds": wall,
         "own_cpu_seconds": own,
         "other_processes_cpu_fraction": others,
-        "loadavg_1min": [load_before, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
+        "loadavg_1min": [load_before, common.loadavg()],
     }
     print()
     return [finish_case(case) for case in prepared], timing
 
 
 # ---- report -------------------------------------------------------------------------------
-def evaluate_targets(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    by_batch = {c["batch"]: c for c in cases}
-    rows = []
-    for name, batch, num, den, op, bound in TARGETS:
-        if batch not in by_batch:
-            continue
-        routes = by_batch[batch]["routes"]
-        ratio = routes[num]["us_per_step"] / routes[den]["us_per_step"]
-        ok = ratio <= bound if op == "<=" else ratio >= bound
-        rows.append(
-            {
-                "target": name,
-                "case": f"batch {batch}",
-                "ratio": ratio,
-                "op": op,
-                "bound": bound,
-                "pass": bool(ok),
-            }
-        )
-    return rows
-
-
 def timing_line(timing: dict[str, Any]) -> str:
     load = timing["loadavg_1min"]
     others = timing["other_processes_cpu_fraction"]
@@ -399,7 +334,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"# OnnxModule vs torch nn.Sequential, forward + backward "
         f"({report['date']}{', quick' if cfg['quick'] else ''})",
         "",
-        machine_line(m) + " onnxruntime intra-op threads: the default (0: one per physical core) in every "
+        common.machine_line(m)
+        + " onnxruntime intra-op threads: the default (0: one per physical core) in every "
         f"session the OnnxModule builds; ort-train-torch {m['versions'].get('ort-train-torch')}.",
         "",
         timing_line(report["timing"]),
@@ -463,36 +399,16 @@ def markdown(report: dict[str, Any]) -> str:
                 f"{', '.join(s['gradients'])} | {s['max_abs_diff']:.1e} | {s['max_rel_diff']:.1e} | "
                 f"{'PASS' if s['pass'] else 'MISS'} |"
             )
-    lines += [
-        "",
-        "Targets (ratios of us/step from this run):",
-        "",
-        "| target | case | ratio | bound | result |",
-        "|---|---|---:|---:|---|",
-    ]
+    lines += [""]
     if cfg["quick"]:
-        lines[-4:-4] = ["Quick run: few, short blocks; the target applies to the full run.", ""]
-    for t in report["targets"]:
-        lines.append(
-            f"| {t['target']} | {t['case']} | {t['ratio']:.2f} | {t['op']} {t['bound']} | "
-            f"{'PASS' if t['pass'] else 'MISS'} |"
-        )
+        lines += ["Quick run: few, short blocks; the target applies to the full run.", ""]
+    lines += ["Targets (ratios of us/step from this run):", "", *common.targets_table(report["targets"])]
     return "\n".join(lines) + "\n"
 
 
 # ---- main ---------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help=f"steps per block / {QUICK_STEP_DIVISOR}, {QUICK_REPEATS} repeats",
-    )
-    parser.add_argument(
-        "--out",
-        default=str(Path(__file__).resolve().parent / "results"),
-        help="folder for the JSON and Markdown results",
-    )
+    parser = common.arguments(__doc__, f"steps per block / {QUICK_STEP_DIVISOR}, {QUICK_REPEATS} repeats")
     parser.add_argument("--repeats", type=int, default=None, help="override the timed blocks per route")
     args = parser.parse_args(argv)
 
@@ -500,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import ort_train_core  # noqa: F401  (imports onnxruntime before torch, see _runtime.py)
 
-    threads = usable_cpus()
+    threads = common.usable_cpus()
     import torch
 
     torch.set_num_threads(threads)
@@ -508,9 +424,8 @@ def main(argv: list[str] | None = None) -> int:
     batches = [(b, max(1, n // QUICK_STEP_DIVISOR) if args.quick else n) for b, n in BATCHES]
     cases, timing = run_cases(batches, repeats)
 
-    date = datetime.date.today().isoformat()
     report = {
-        "date": date,
+        "date": common.today(),
         "config": {
             "quick": args.quick,
             "n_features": N_FEATURES,
@@ -525,19 +440,14 @@ def main(argv: list[str] | None = None) -> int:
             "target_ratio": TARGET_RATIO,
             "target_batch": TARGET_BATCH,
         },
-        "machine": machine_info(threads),
+        "machine": common.machine_info(threads),
         "timing": timing,
         "cases": cases,
     }
-    report["targets"] = evaluate_targets(cases)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = result_stem("torch", args.quick, date)
-    write_json(out / f"{stem}.json", report)
-    write_text(out / f"{stem}.md", markdown(report))
-    print()
-    print(markdown(report))
-    print(f"wrote {out / stem}.json and .md")
+    report["targets"] = common.check_targets(TARGETS, cases)
+    text = markdown(report)
+    print(f"\n{text}")
+    common.write_report(args.out, "torch", args.quick, report, text)
     same_work_ok = all(s["pass"] for c in cases for s in c["same_work"].values())
     if not same_work_ok:
         print("gradients differ between OnnxModule and torch beyond the tolerance", file=sys.stderr)

@@ -8,13 +8,12 @@ Usage: ``python benchmarks/run.py [--quick] [--device cpu|cuda] [--out benchmark
   2 cores); without it the whole grid (about half an hour on 2 cores).
 - ``--device cuda``: the matrix's ort-train routes, the onnxruntime training API and torch on
   the GPU (numpy and scikit-learn stay on the CPU); exits with status 2 at once when the CUDA
-  build of onnxruntime-training is not there. The target scripts are CPU benchmarks and run as
-  they are.
+  build of onnxruntime-training is not there. The target scripts are CPU benchmarks.
 - A part that raises (or returns a non-zero status, or a matrix route that fails) is reported
   and the others still run; the exit status is then 1.
 
-Results: ``<host>-<date>-matrix[-cuda][-quick].{json,md}`` and ``...-matrix...-*.png`` from the
-matrix, and each target script's own files, all in ``--out``.
+Results: the matrix's ``<host>-<date>-matrix[-cuda][-quick].{json,md}`` and PNG plots, and each
+target script's own files, all in ``--out``.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ import importlib
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,75 +37,59 @@ import matrix  # noqa: E402
 TARGET_SCRIPTS = ("bench_full", "bench_sklearn", "bench_torch", "bench_memory")
 
 
-def run_target(name: str, argv: list[str]) -> tuple[int | str, float]:
-    """(status, seconds) of ``<name>.main(argv)``: its return value, or 'raised ...'."""
+def run_part(name: str, part: Callable[[], Any]) -> tuple[str, int | str, float]:
+    """(name, status, seconds) of ``part()``: its return value, or 'raised ...'."""
     t = time.perf_counter()
-    print(f"\n==== {name} {' '.join(argv)}", flush=True)
     try:
-        module = importlib.import_module(name)
-        status: Any = module.main(argv)
+        status: Any = part()
     except SystemExit as exc:  # argparse errors and explicit exits
         status = exc.code
     except Exception as exc:
         traceback.print_exc()
         status = f"raised {type(exc).__name__}: {exc}"
-    seconds = time.perf_counter() - t
-    if status is None:
-        status = 0
-    return (status if isinstance(status, (int, str)) else str(status)), seconds
+    return (
+        name,
+        (status or 0) if isinstance(status, (int, str, type(None))) else str(status),
+        time.perf_counter() - t,
+    )
+
+
+def run_matrix(args: argparse.Namespace) -> int | str:
+    print(f"==== matrix ({'quick' if args.quick else 'full'}, device {args.device})", flush=True)
+    report = matrix.run_matrix(
+        quick=args.quick, device=args.device, out=args.out, torch_threads=args.torch_threads
+    )
+    for f in report["failed"]:
+        print(f"  FAILED {f['case']} {matrix.ROUTE_LABELS[f['route']]}: {f['error']}", file=sys.stderr)
+    print(f"matrix files: {', '.join(report['files'])}", flush=True)
+    return f"{len(report['failed'])} route run(s) failed" if report["failed"] else 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
     matrix.add_arguments(parser)
     parser.add_argument("--skip-matrix", action="store_true", help="run the target scripts only")
     parser.add_argument("--skip-targets", action="store_true", help="run the matrix only")
     args = parser.parse_args(argv)
-
-    if args.device == "cuda":
-        reason = matrix.cuda_unavailable_reason()
-        if reason is not None:
-            print(f"run.py --device cuda cannot run here: {reason}", file=sys.stderr)
-            return 2
-
+    if args.device == "cuda" and (reason := matrix.cuda_unavailable_reason()) is not None:
+        print(f"run.py --device cuda cannot run here: {reason}", file=sys.stderr)
+        return 2
     t_start = time.perf_counter()
-    out = str(Path(args.out))
-    parts: list[tuple[str, int | str, float]] = []
-    if not args.skip_matrix:
-        t = time.perf_counter()
-        print(f"==== matrix ({'quick' if args.quick else 'full'}, device {args.device})", flush=True)
-        status: int | str
-        try:
-            report = matrix.run_matrix(
-                quick=args.quick, device=args.device, out=out, torch_threads=args.torch_threads
-            )
-            failed = report["failed"]
-            status = 0 if not failed else f"{len(failed)} route run(s) failed"
-            for f in failed:
-                print(
-                    f"  FAILED {f['case']} {matrix.ROUTE_LABELS[f['route']]}: {f['error']}", file=sys.stderr
-                )
-            print(f"matrix files: {', '.join(report['files'])}", flush=True)
-        except Exception as exc:
-            traceback.print_exc()
-            status = f"raised {type(exc).__name__}: {exc}"
-        parts.append(("matrix", status, time.perf_counter() - t))
-    if not args.skip_targets:
-        forwarded = ["--out", out] + (["--quick"] if args.quick else [])
-        for name in TARGET_SCRIPTS:
-            status, seconds = run_target(name, forwarded)
-            parts.append((name, status, seconds))
-
+    parts = [] if args.skip_matrix else [run_part("matrix", lambda: run_matrix(args))]
+    forwarded = ["--out", str(args.out)] + (["--quick"] if args.quick else [])
+    for name in () if args.skip_targets else TARGET_SCRIPTS:
+        print(f"\n==== {name} {' '.join(forwarded)}", flush=True)
+        parts.append(run_part(name, lambda name=name: importlib.import_module(name).main(forwarded)))
     elapsed = time.perf_counter() - t_start
     print("\n==== run.py summary", flush=True)
     print(f"machine: {common.machine_line(common.machine_info())}")
     for name, status, seconds in parts:
         print(f"  {name:<14} {seconds:7.1f} s  {'ok' if status == 0 else f'FAILED ({status})'}")
     print(f"  {'total':<14} {elapsed:7.1f} s ({elapsed / 60:.1f} min){', quick' if args.quick else ''}")
-    ok = all(status == 0 for _, status, _ in parts)
-    if not ok:
+    if any(status != 0 for _, status, _ in parts):
         print("some benchmarks failed: see above", file=sys.stderr)
-    return 0 if ok else 1
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
