@@ -5,14 +5,13 @@ one step runs (:class:`StepRunner`)."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import enum
 import math
 import os
 import signal
 import threading
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -24,25 +23,20 @@ from ._data import _all_finite as _array_finite
 from ._params import ParamsMixin
 from ._runtime import Device, parse_device
 from .callbacks import Callback, EarlyStopping, EpochPrinter, ProgressBar
-from .checkpoint import CHECKPOINT_FILE, read_checkpoint, write_checkpoint
-from .exceptions import CheckpointMismatchError, ConvergenceError, ConvergenceWarning
+from .checkpoint import (
+    CHECKPOINT_FILE,
+    CheckpointWriter,
+    TrainingProgress,
+    TrainingState,
+    check_checkpoint,
+    load_training,
+    read_checkpoint,
+    resume_record,
+    save_training,
+    warn_unchecked,
+)
+from .exceptions import ConvergenceError, ConvergenceWarning, TrainingInterruptedWarning
 from .learning_rate import BaseLearningRate, make_learning_rate
-
-
-@dataclass
-class TrainingState:
-    """Everything a continued fit needs, on the host."""
-
-    weights: dict[str, np.ndarray]
-    optimizer: dict[str, list[np.ndarray]] = field(default_factory=dict)
-    n_steps: int = 0
-
-    def copy(self) -> TrainingState:
-        return TrainingState(
-            {k: v.copy() for k, v in self.weights.items()},
-            {k: [a.copy() for a in v] for k, v in self.optimizer.items()},
-            self.n_steps,
-        )
 
 
 class StepRunner(Protocol):
@@ -50,20 +44,29 @@ class StepRunner(Protocol):
 
     store: BatchStore
     has_validation: bool
-    #: step() returns 0.0 and epoch_losses() reads the epoch's losses at its end
-    defer_losses: bool
+    #: the data and each batch's loss stay on the device (CUDA): step() returns 0.0 and
+    #: epoch_losses() reads the epoch's losses at its end
+    device_resident: bool
 
     def set_epoch(self, epoch: int) -> None: ...
 
     def step(self, batch: int) -> float: ...
 
-    def epoch_losses(self, n_done: int) -> np.ndarray: ...
+    def epoch_losses(self, n_done: int, first: int = 0) -> np.ndarray: ...
 
     def snapshot(self) -> TrainingState: ...
 
     def restore(self, state: TrainingState) -> None: ...
 
     def validation_loss(self) -> float: ...
+
+
+class _Outcome(enum.Enum):
+    """How the epochs of a fit ended, when no error ended them."""
+
+    COMPLETED = "max_iter epochs"
+    STOPPED = "a callback stopped the fit"
+    INTERRUPTED = "Ctrl-C"
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -170,18 +173,21 @@ class BaseOrtTrainer(ParamsMixin):
         _positive_int("checkpoint_every", getattr(self, "checkpoint_every", 1))
         return os.path.join(os.fspath(folder), CHECKPOINT_FILE)
 
-    def _make_callbacks(self) -> tuple[list[Callback], EarlyStopping | None]:
+    def _make_callbacks(self) -> list[Callback]:
+        """This fit's callbacks: the checkpoint writer first (the others then find the epoch's
+        checkpoint written), the verbose output, the early stopping of ``tol``, the user's."""
         cbs: list[Callback] = []
+        path = self._checkpoint_path()
+        if path is not None:
+            cbs.append(CheckpointWriter(path, int(self.checkpoint_every)))
         if self.verbose == 1:
             cbs.append(ProgressBar())
         elif self.verbose == 2:
             cbs.append(EpochPrinter())
-        early = None
         if self.tol is not None:
-            early = EarlyStopping(float(self.tol), int(self.n_iter_no_change))
-            cbs.append(early)
+            cbs.append(EarlyStopping(float(self.tol), int(self.n_iter_no_change)))
         cbs.extend(self.callbacks or ())
-        return cbs, early
+        return cbs
 
     def fit(
         self,
@@ -291,16 +297,35 @@ class BaseOrtTrainer(ParamsMixin):
     ) -> BaseOrtTrainer:
         device, lr = self._validate_params()
         self._prepare_graphs(device, lr)
-        (Xc, yc, wc), validation = self._checked_data(X, y, sample_weight, X_val, y_val, sample_weight_val)
+        data, validation = self._checked_data(X, y, sample_weight, X_val, y_val, sample_weight_val)
         # what resume must find in the checkpoint, and what this fit's checkpoints record
-        record = self._resume_record((Xc, yc, wc), validation)
-        path = self._checkpoint_path()
-        resuming = resume and path is not None and os.path.exists(path)
-        if resuming:
-            assert path is not None
-            self._load_checkpoint(path, expected=record)
+        record = resume_record(self.batch_size, self.shuffle, self.random_state, data, validation)
+        resuming = resume and self._resume_from_checkpoint(record)
         self._run_record = record
-        continuing = resuming or (bool(self.warm_start) and getattr(self, "_state", None) is not None)
+        warm = bool(self.warm_start) and getattr(self, "_state", None) is not None
+        self._start_or_continue(lr, continuing=resuming or warm)
+        n_epochs = int(self.max_iter) - self.n_iter_ if resuming else int(self.max_iter)
+        if n_epochs <= 0:
+            return self
+        runner = self._make_runner(self._batch_store(data, device), self._state, device, lr, validation)
+        weights = data[2] if self._batches_weighted_by_sample_weight() else None
+        outcome = self._train(runner, weights, n_epochs, resuming)
+        self._warn_outcome(outcome)
+        return self
+
+    def _resume_from_checkpoint(self, record: Mapping[str, Any]) -> bool:
+        """Restores ``checkpoint_dir``'s checkpoint when there is one, after checking that it was
+        written by a run with this ``record``; False when there is none (a new fit)."""
+        path = self._checkpoint_path()
+        if path is None or not os.path.exists(path):
+            return False
+        unchecked = self._load_checkpoint(path, expected=record)
+        warn_unchecked(path, unchecked, stacklevel=4)  # the caller of resume()
+        return True
+
+    def _start_or_continue(self, lr: BaseLearningRate, continuing: bool) -> None:
+        """Starts the history and state afresh, or checks that a continued fit keeps its
+        learning rate (the optimizer states belong to it)."""
         previous_lr: str | None = getattr(self, "_lr_signature", None)
         if continuing and previous_lr is not None and previous_lr != repr(lr):
             raise ValueError(
@@ -317,147 +342,127 @@ class BaseOrtTrainer(ParamsMixin):
                     "give finite ones with set_state() and fit with warm_start=True)"
                 )
             self._state = initial
-            self._rng = np.random.default_rng(self.random_state)
-            self.n_iter_ = 0
-            self.train_losses_: list[float] = []
-            self.validation_losses_: list[float] = []
+            self._new_history()
         self._lr_signature = repr(lr)
-        n_epochs = int(self.max_iter) - self.n_iter_ if resuming else int(self.max_iter)
-        if n_epochs <= 0:
-            return self
-        store = self._batch_store((Xc, yc, wc), device)
-        runner = self._make_runner(store, self._state, device, lr, validation)
-        self._run_epochs(
-            runner,
-            store,
-            wc if self._batches_weighted_by_sample_weight() else None,
-            n_epochs,
-            replay_history=resuming,
-        )
-        return self
 
-    def _run_epochs(
-        self,
-        runner: StepRunner,
-        store: BatchStore,
-        weights: np.ndarray | None,
-        n_epochs: int,
-        replay_history: bool = False,
-    ) -> None:
-        callbacks, early = self._make_callbacks()
+    def _new_history(self) -> None:
+        self._rng = np.random.default_rng(self.random_state)
+        self.n_iter_ = 0
+        self.train_losses_: list[float] = []
+        self.validation_losses_: list[float] = []
+
+    def _train(
+        self, runner: StepRunner, weights: np.ndarray | None, n_epochs: int, resuming: bool
+    ) -> _Outcome:
+        """Runs the epochs between the callbacks' on_train_begin and on_train_end, which every
+        exit calls (the end, early stopping, Ctrl-C, a divergence, any error)."""
+        callbacks = self._make_callbacks()
         for cb in callbacks:
             cb.on_train_begin(self, n_epochs)
-        if replay_history and _replayed_stop(callbacks, self):
-            for cb in callbacks:  # the checkpointed run had already stopped early
-                cb.on_train_end(self)
-            return
-        ckpt = self._checkpoint_path()
-        every = int(self.checkpoint_every) if ckpt is not None else 0
-        written = -1
-        n_batches = len(store.bounds)
-        losses = np.empty(n_batches, dtype=np.float64)
-        stopped_early = interrupted = False
-        step, isfinite = runner.step, math.isfinite  # locals: the per-step path is a few us
-        fill = store.fill if store.gathers else None
+        try:
+            # on_train_begin has just reset every EarlyStopping: a resumed one is fed the
+            # checkpointed history, and the run it continues may have stopped already
+            if resuming and _replayed_stop(callbacks, self):
+                return _Outcome.STOPPED
+            return self._run_epochs(runner, weights, n_epochs, callbacks)
+        finally:
+            _end_callbacks(callbacks, self)
+
+    def _run_epochs(
+        self, runner: StepRunner, weights: np.ndarray | None, n_epochs: int, callbacks: list[Callback]
+    ) -> _Outcome:
+        """Up to ``n_epochs`` epochs; each complete one goes into the history and the state, and
+        then to the callbacks' on_epoch_end."""
+        store = runner.store
+        losses = np.empty(len(store.bounds), dtype=np.float64)
+        hooks = [cb.on_batch_end for cb in callbacks if type(cb).on_batch_end is not Callback.on_batch_end]
         # the weights at the end of the last complete epoch: what a divergence rolls back to
         snapshot = runner.snapshot()
-        try:
-            with _catch_sigint() as flag:
-                stop_requested = flag.is_set
-                for _ in range(n_epochs):
-                    epoch = self.n_iter_
-                    # the RNG as the last complete epoch left it: what a Ctrl-C checkpoint saves
-                    rng_state = self._rng.bit_generator.state if ckpt is not None else None
-                    order = self._rng.permutation(store.n) if self.shuffle else None
-                    store.load(order)
-                    totals = store.batch_totals(weights, order)
-                    runner.set_epoch(epoch)
-                    done = 0
-                    for i in range(n_batches):
-                        if fill is not None:
-                            fill(i)
-                        loss = step(i)
-                        if not isfinite(loss):
-                            raise self._rolled_back(
-                                runner, snapshot, _loss_diverged(loss, epoch, i), epoch, i
-                            )
-                        losses[i] = loss
-                        done += 1
-                        if stop_requested():
-                            break
-                    if runner.defer_losses:  # one read-back per epoch, the same check
-                        losses[:done] = runner.epoch_losses(done)
-                        bad = np.flatnonzero(~np.isfinite(losses[:done]))
-                        if bad.size:
-                            i = int(bad[0])
-                            raise self._rolled_back(
-                                runner, snapshot, _loss_diverged(losses[i], epoch, i), epoch, i
-                            )
-                    if done < n_batches:  # Ctrl-C: keep the steps taken, record no epoch
-                        interrupted = True
-                        if ckpt is not None:  # the last epoch end, so that resume is exact
-                            self._write_checkpoint(ckpt, snapshot, rng_state)
-                            written = self.n_iter_
-                        break
-                    # a gradient can overflow while the loss it came from is finite: the
-                    # epoch's last step would then hand back inf weights without an error
-                    candidate = runner.snapshot()
-                    if not _all_finite(candidate):
-                        raise self._rolled_back(
-                            runner,
-                            snapshot,
-                            f"the weights became infinite or NaN at epoch {epoch + 1} (a gradient "
-                            "overflowed while the loss stayed finite): weights were restored to the end "
-                            "of the last complete epoch; lower the learning rate or scale the data",
-                            epoch,
-                            n_batches - 1,
-                        )
-                    self.n_iter_ += 1
-                    logs = {"train_loss": float(np.dot(losses, totals) / totals.sum())}
-                    self.train_losses_.append(logs["train_loss"])
-                    if runner.has_validation:
-                        logs["validation_loss"] = runner.validation_loss()
-                        self.validation_losses_.append(logs["validation_loss"])
-                    if not math.isfinite(logs.get("validation_loss", 0.0)):
-                        raise self._rolled_back(
-                            runner,
-                            snapshot,
-                            f"the validation loss became {logs['validation_loss']} at epoch {epoch + 1}; "
-                            "weights were restored to the end of the previous epoch",
-                            epoch,
-                            n_batches - 1,
-                        )
-                    # callbacks see this epoch's weights through get_state()
-                    snapshot = candidate
-                    self._state = snapshot
-                    if ckpt is not None and self.n_iter_ % every == 0:
-                        self._write_checkpoint(ckpt, snapshot, self._rng.bit_generator.state)
-                        written = self.n_iter_
-                    stop = False
-                    for cb in callbacks:
-                        stop = bool(cb.on_epoch_end(self, epoch, logs)) or stop
-                    if stop:
-                        stopped_early = True
-                        break
-            final = runner.snapshot()
-            if not _all_finite(final):  # Ctrl-C after a step that overflowed
-                runner.restore(snapshot)
-                final = snapshot
-            self._state = final
-            if ckpt is not None and written != self.n_iter_:  # the end of the fit
-                self._write_checkpoint(ckpt, snapshot, self._rng.bit_generator.state)
-        finally:
-            for cb in callbacks:
-                cb.on_train_end(self)
-        if interrupted:
-            saved = f"; {ckpt} holds the end of epoch {self.n_iter_} for resume()" if ckpt else ""
+        with _catch_sigint() as ctrl_c:
+            for _ in range(n_epochs):
+                epoch = self.n_iter_
+                order = self._rng.permutation(store.n) if self.shuffle else None
+                store.load(order)
+                runner.set_epoch(epoch)
+                step = _notifying(runner, hooks, self, epoch) if hooks else runner.step
+                done = _run_epoch(runner, losses, step, ctrl_c.is_set)
+                end = self._end_of_epoch(runner, snapshot, done, store.batch_totals(weights, order), epoch)
+                if end is None:  # Ctrl-C: keep the steps taken, record no epoch
+                    self._keep_steps_taken(runner, snapshot)
+                    return _Outcome.INTERRUPTED
+                snapshot, logs = end
+                self.n_iter_ += 1
+                self.train_losses_.append(logs["train_loss"])
+                if "validation_loss" in logs:
+                    self.validation_losses_.append(logs["validation_loss"])
+                self._state = snapshot  # callbacks see this epoch's weights through get_state()
+                if _stop_requested(callbacks, self, epoch, logs):
+                    return _Outcome.STOPPED
+        return _Outcome.COMPLETED
+
+    def _end_of_epoch(
+        self, runner: StepRunner, snapshot: TrainingState, losses: np.ndarray, totals: np.ndarray, epoch: int
+    ) -> tuple[TrainingState, dict[str, float]] | None:
+        """Every divergence check of an epoch: each raises ConvergenceError after rolling back to
+        ``snapshot`` (the end of the previous epoch). Returns the epoch's weights and logs, or
+        None when Ctrl-C cut the epoch short.
+
+        ``losses`` are those of the batches run, ``totals`` each batch's weight in the epoch's
+        mean."""
+        bad = np.flatnonzero(~np.isfinite(losses))
+        if bad.size:
+            i = int(bad[0])
+            raise self._rolled_back(runner, snapshot, _loss_diverged(losses[i], epoch, i), epoch, i)
+        last = len(totals) - 1
+        if len(losses) <= last:
+            return None
+        # a gradient can overflow while the loss it came from is finite: the epoch's last step
+        # would then hand back inf weights without an error
+        weights = runner.snapshot()
+        if not _all_finite(weights):
+            raise self._rolled_back(
+                runner,
+                snapshot,
+                f"the weights became infinite or NaN at epoch {epoch + 1} (a gradient "
+                "overflowed while the loss stayed finite): weights were restored to the end "
+                "of the last complete epoch; lower the learning rate or scale the data",
+                epoch,
+                last,
+            )
+        logs = {"train_loss": float(np.dot(losses, totals) / totals.sum())}
+        if runner.has_validation:
+            logs["validation_loss"] = value = runner.validation_loss()
+            if not math.isfinite(value):
+                raise self._rolled_back(
+                    runner,
+                    snapshot,
+                    f"the validation loss became {value} at epoch {epoch + 1}; "
+                    "weights were restored to the end of the previous epoch",
+                    epoch,
+                    last,
+                )
+        return weights, logs
+
+    def _keep_steps_taken(self, runner: StepRunner, snapshot: TrainingState) -> None:
+        """After Ctrl-C: the weights of the last step, unless that step overflowed."""
+        final = runner.snapshot()
+        if not _all_finite(final):
+            runner.restore(snapshot)
+            final = snapshot
+        self._state = final
+
+    def _warn_outcome(self, outcome: _Outcome) -> None:
+        """Tells the caller of fit or resume that Ctrl-C or max_iter ended the fit."""
+        if outcome is _Outcome.INTERRUPTED:
+            path = self._checkpoint_path()
+            saved = f"; {path} holds the end of epoch {self.n_iter_} for resume()" if path else ""
             warnings.warn(
                 f"training interrupted (Ctrl-C) during epoch {self.n_iter_ + 1}; the weights are "
                 f"those after the last completed step{saved}",
-                RuntimeWarning,
+                TrainingInterruptedWarning,
                 stacklevel=4,
             )
-        elif early is not None and not stopped_early:
+        elif outcome is _Outcome.COMPLETED and self.tol is not None:
             warnings.warn(
                 f"max_iter={self.max_iter} reached before the loss stopped improving by tol={self.tol}",
                 ConvergenceWarning,
@@ -517,10 +522,7 @@ class BaseOrtTrainer(ParamsMixin):
             current.weights[name] = arr.astype(ref.dtype, copy=True)
         self._state = current
         if not hasattr(self, "n_iter_"):
-            self.n_iter_ = 0
-            self.train_losses_ = []
-            self.validation_losses_ = []
-            self._rng = np.random.default_rng(self.random_state)
+            self._new_history()
 
     # ---- checkpoints -----------------------------------------------------------------
     def save_checkpoint(self, path: str | os.PathLike[str]) -> None:
@@ -530,7 +532,15 @@ class BaseOrtTrainer(ParamsMixin):
         an epoch (as ``checkpoint_dir`` checkpoints are)."""
         if not hasattr(self, "n_iter_"):
             raise ValueError("nothing to save: fit the trainer (or set_state) first")
-        self._write_checkpoint(os.fspath(path), self._current_state(), self._rng.bit_generator.state)
+        progress = TrainingProgress(
+            self._current_state(),
+            self.n_iter_,
+            self.train_losses_,
+            self.validation_losses_,
+            getattr(self, "_lr_signature", None),
+            self._rng,
+        )
+        save_training(os.fspath(path), progress, self._checkpoint_identity())
 
     def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
         """Restores what :meth:`save_checkpoint` wrote; a following fit with ``warm_start=True``
@@ -538,108 +548,36 @@ class BaseOrtTrainer(ParamsMixin):
         other trained weights (ValueError)."""
         self._load_checkpoint(os.fspath(path))
 
-    def _load_checkpoint(self, path: str, expected: Mapping[str, Any] | None = None) -> None:
+    def _load_checkpoint(self, path: str, expected: Mapping[str, Any] | None = None) -> list[str]:
         """load_checkpoint; with ``expected`` (resume), first refuses a checkpoint written with
-        other settings or data (see :meth:`_resume_record`)."""
+        other settings or data (see :func:`~ort_train_core.checkpoint.resume_record`) and
+        returns what it could not check (a checkpoint of an earlier version)."""
         arrays, meta = read_checkpoint(path)
         try:
-            self._restore_checkpoint(path, arrays, meta, expected)
+            unchecked = check_checkpoint(path, meta, self._fingerprint(), expected)
+            progress = load_training(path, arrays, meta, self._initial_state())
         except (KeyError, TypeError, IndexError) as exc:
             raise ValueError(f"{path} is a malformed checkpoint: {exc!r}") from exc
+        self._state = progress.state
+        self._rng = progress.rng if progress.rng is not None else np.random.default_rng(self.random_state)
+        self.n_iter_ = progress.n_iter
+        self.train_losses_ = progress.train_losses
+        self.validation_losses_ = progress.validation_losses
+        if progress.lr_signature is not None:
+            self._lr_signature = progress.lr_signature
+        return unchecked
 
-    def _resume_record(
-        self,
-        data: tuple[np.ndarray, np.ndarray, np.ndarray | None],
-        validation: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None,
-    ) -> dict[str, Any]:
-        """What decides the weights a fit ends at besides the model and learning rate (checked
-        elsewhere): the batches' size, order and seed, and the (validated) data, fingerprinted
-        cheaply. A checkpoint records it; resume refuses one that differs."""
-        return {
-            "batch_size": int(self.batch_size),
-            "shuffle": bool(self.shuffle),
-            "random_state": _seed_record(self.random_state),
-            "data": data_fingerprint(data),
-            "validation_data": None if validation is None else data_fingerprint(validation),
-        }
-
-    def _write_checkpoint(self, path: str, state: TrainingState, rng_state: Mapping[str, Any] | None) -> None:
-        names = list(state.weights)
-        arrays: dict[str, np.ndarray] = {}
-        n_states = []
-        for i, name in enumerate(names):
-            arrays[f"w{i}"] = state.weights[name]
-            opt = state.optimizer.get(name, [])
-            n_states.append(len(opt))
-            for j, value in enumerate(opt):
-                arrays[f"s{i}_{j}"] = value
-        meta = {
+    def _checkpoint_identity(self) -> dict[str, Any]:
+        """What a checkpoint records of the model and the run, for check_checkpoint."""
+        identity = {
             "trainer": type(self).__name__,
             "fingerprint": self._fingerprint(),
-            "weights": names,
-            "n_states": n_states,
-            "n_steps": int(state.n_steps),
-            "n_iter_": int(self.n_iter_),
-            "train_losses_": [float(v) for v in self.train_losses_],
-            "validation_losses_": [float(v) for v in self.validation_losses_],
-            "lr_signature": getattr(self, "_lr_signature", None),
-            "rng": _jsonable(rng_state),
             "batch_size": int(self.batch_size),
             "shuffle": bool(self.shuffle),
         }
         # the seed and data fingerprints of the fit that wrote it (none after set_state alone)
-        meta.update({k: v for k, v in getattr(self, "_run_record", {}).items() if k not in meta})
-        write_checkpoint(path, arrays, meta)
-
-    def _restore_checkpoint(
-        self,
-        path: str,
-        arrays: dict[str, np.ndarray],
-        meta: dict[str, Any],
-        resume_record: Mapping[str, Any] | None = None,
-    ) -> None:
-        expected = self._fingerprint()
-        if meta["fingerprint"] != expected:
-            raise ValueError(
-                f"{path} is a checkpoint of another model (trainer {meta.get('trainer')!r}, graph "
-                f"fingerprint {str(meta['fingerprint'])[:12]}..., this one {expected[:12]}...): "
-                "load it into a trainer built from the same graph and loss"
-            )
-        if resume_record is not None:
-            _check_resume(path, meta, resume_record)
-        initial = self._initial_state()
-        names = list(meta["weights"])
-        if names != list(initial.weights):
-            raise ValueError(f"{path} holds weights {names} but this trainer trains {list(initial.weights)}")
-        weights: dict[str, np.ndarray] = {}
-        optimizer: dict[str, list[np.ndarray]] = {}
-        for i, name in enumerate(names):
-            ref = initial.weights[name]
-            weights[name] = _checked(path, name, arrays[f"w{i}"], ref)
-            states = [_checked(path, name, arrays[f"s{i}_{j}"], ref) for j in range(int(meta["n_states"][i]))]
-            if states:
-                optimizer[name] = states
-        n_steps, n_iter = int(meta["n_steps"]), int(meta["n_iter_"])
-        if n_steps < 0 or n_iter < 0:
-            raise ValueError(f"{path} holds negative step or epoch counts")
-        rng = np.random.default_rng(self.random_state)
-        if meta.get("rng") is not None:
-            state = _from_jsonable(meta["rng"])
-            kind = state["bit_generator"]
-            if kind not in _BIT_GENERATORS:  # the file names a class: never let it name any callable
-                raise ValueError(f"{path}: unknown random bit generator {kind!r}")
-            rng = np.random.Generator(getattr(np.random, kind)())
-            try:
-                rng.bit_generator.state = state
-            except (ValueError, TypeError) as exc:
-                raise ValueError(f"{path}: invalid random generator state: {exc}") from exc
-        self._state = TrainingState(weights, optimizer, n_steps)
-        self._rng = rng
-        self.n_iter_ = n_iter
-        self.train_losses_ = [float(v) for v in meta["train_losses_"]]
-        self.validation_losses_ = [float(v) for v in meta["validation_losses_"]]
-        if meta.get("lr_signature") is not None:
-            self._lr_signature = str(meta["lr_signature"])
+        identity.update({k: v for k, v in getattr(self, "_run_record", {}).items() if k not in identity})
+        return identity
 
     def get_trained_onnx(self) -> ModelProto:
         """The prediction graph with the current weights as initializers."""
@@ -669,7 +607,6 @@ class BaseOrtTrainer(ParamsMixin):
         self.__dict__.update(state)
 
 
-_BIT_GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")
 _FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
 
 
@@ -722,114 +659,71 @@ def _replayed_stop(callbacks: Sequence[Callback], trainer: BaseOrtTrainer) -> bo
     return any([_replay(cb, trainer) and cb.stopped for cb in stoppers])  # a list: replay all
 
 
-def _checked(path: str, name: str, value: np.ndarray, ref: np.ndarray) -> np.ndarray:
-    if value.shape != ref.shape or value.dtype != ref.dtype:
-        raise ValueError(
-            f"{path}: weight {name!r} has shape {value.shape} and dtype {value.dtype}, the model's "
-            f"{ref.shape} and {ref.dtype}"
-        )
-    if not np.isfinite(value).all():
-        raise ValueError(f"{path}: weight {name!r} or its optimizer state holds NaN or inf")
-    return np.array(value, copy=True)
+def _run_epoch(
+    runner: StepRunner, losses: np.ndarray, step: Callable[[int], float], stop: Callable[[], bool]
+) -> np.ndarray:
+    """Runs the steps of one epoch (``runner.step`` or :func:`_notifying`'s); returns the losses
+    of the batches run: all of them, or up to the first that is not finite or to Ctrl-C
+    (``stop``). ``losses`` is the buffer they are written to."""
+    store = runner.store
+    fill = store.fill if store.gathers else None
+    isfinite = math.isfinite  # a local: the per-step path is a few microseconds
+    n = len(losses)
+    for i in range(n):
+        if fill is not None:
+            fill(i)
+        loss = step(i)
+        losses[i] = loss
+        if not isfinite(loss) or stop():
+            n = i + 1
+            break
+    if runner.device_resident:  # the losses stayed on the device: one read-back per epoch
+        losses[:n] = runner.epoch_losses(n)
+    return losses[:n]
 
 
-#: rows of each array hashed into a data fingerprint: evenly spaced from the first to the last,
-#: so that another file, split or order is caught at a cost independent of the data's size (an
-#: edit confined to rows between them is not)
-FINGERPRINT_ROWS = 64
+def _notifying(
+    runner: StepRunner,
+    hooks: Sequence[Callable[[BaseOrtTrainer, int, int, float], None]],
+    trainer: BaseOrtTrainer,
+    epoch: int,
+) -> Callable[[int], float]:
+    """``runner.step`` followed by the callbacks' on_batch_end (the loop uses it only when one
+    of them overrides it)."""
+    step, resident = runner.step, runner.device_resident
+
+    def step_and_notify(batch: int) -> float:
+        loss = step(batch)
+        if resident:  # this step's loss is on the device: read it now
+            loss = float(runner.epoch_losses(batch + 1, first=batch)[0])
+        for hook in hooks:
+            hook(trainer, epoch, batch, loss)
+        return loss
+
+    return step_and_notify
 
 
-def data_fingerprint(arrays: Sequence[np.ndarray | None]) -> str:
-    """sha256 of each array's shape, dtype and FINGERPRINT_ROWS evenly spaced rows.
-
-    Parameters
-    ----------
-    arrays : sequence of numpy.ndarray or None
-        X, y and sample weights as the fit trains on them (validated and cast), None for an
-        absent one.
-
-    Returns
-    -------
-    str
-        A hex digest; equal data give equal digests in any process.
-    """
-    digest = hashlib.sha256()
-    for a in arrays:
-        if a is None:
-            digest.update(b"none;")
-            continue
-        n = a.shape[0] if a.ndim else 1
-        rows = np.unique(np.linspace(0, n - 1, num=min(n, FINGERPRINT_ROWS)).round().astype(np.int64))
-        digest.update(f"{a.shape};{a.dtype.str};".encode())
-        digest.update(np.ascontiguousarray(a[rows] if a.ndim else a).tobytes())
-    return digest.hexdigest()
+def _stop_requested(
+    callbacks: Sequence[Callback], trainer: BaseOrtTrainer, epoch: int, logs: dict[str, float]
+) -> bool:
+    """Calls every callback's on_epoch_end; True when one of them asks to stop."""
+    stop = False
+    for cb in callbacks:
+        stop = bool(cb.on_epoch_end(trainer, epoch, logs)) or stop
+    return stop
 
 
-def _seed_record(random_state: Any) -> int | str | None:
-    """random_state as JSON: an int or None as is; a Generator or SeedSequence by its type
-    (not comparable across processes: only its kind is checked)."""
-    if random_state is None or isinstance(random_state, (int, np.integer)):
-        return None if random_state is None else int(random_state)
-    return f"<{type(random_state).__name__}>"
-
-
-#: how a resume mismatch is told: the parameter, and the fix
-_RESUME_FIXES = {
-    "batch_size": "resume with the same batch_size",
-    "shuffle": "resume with the same shuffle",
-    "random_state": "resume with the same random_state",
-    "data": "resume with the same X, y and sample_weight",
-    "validation_data": "resume with the same X_val, y_val and sample_weight_val",
-}
-
-
-def _check_resume(path: str, meta: Mapping[str, Any], record: Mapping[str, Any]) -> None:
-    """Refuses (CheckpointMismatchError) a checkpoint whose run differs from this fit in what
-    decides the final weights; one of an earlier version, which did not record the seed and
-    data, resumes with a warning."""
-    for key, given in record.items():
-        if key not in meta or meta[key] == given:
-            continue
-        saved = meta[key]
-        if key in ("data", "validation_data"):
-            what = "other data" if key == "data" else "other validation data (X_val, y_val)"
-            problem = f"was written by a fit on {what} than this one"
-        else:
-            problem = f"was written with {key}={saved!r}, this fit has {key}={given!r}"
-        raise CheckpointMismatchError(
-            f"{path} {problem}: resuming would not end at the weights of the interrupted run; "
-            f"{_RESUME_FIXES[key]}, or fit() to start over",
-            key,
-            saved,
-            given,
-        )
-    missing = [k for k in record if k not in meta]
-    if missing:
-        warnings.warn(
-            f"{path} was written by an earlier version of ort-train, which did not record {missing}: "
-            "resuming without checking them; give the interrupted run's data and settings",
-            UserWarning,
-            stacklevel=6,  # the caller of resume()
-        )
-
-
-def _jsonable(value: Any) -> Any:
-    """A bit generator's state as JSON (PCG64's is ints already; MT19937's holds an array)."""
-    if isinstance(value, np.ndarray):
-        return {"__ndarray__": value.tolist(), "dtype": str(value.dtype)}
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, np.integer):
-        return int(value)
-    return value
-
-
-def _from_jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        if "__ndarray__" in value:
-            return np.asarray(value["__ndarray__"], dtype=value["dtype"])
-        return {k: _from_jsonable(v) for k, v in value.items()}
-    return value
+def _end_callbacks(callbacks: Sequence[Callback], trainer: BaseOrtTrainer) -> None:
+    """Calls every callback's on_train_end, also after one of them raised (the first error is
+    raised once all have run: a checkpoint that cannot be written still closes the bar)."""
+    error: Exception | None = None
+    for cb in callbacks:
+        try:
+            cb.on_train_end(trainer)
+        except Exception as exc:
+            error = error or exc
+    if error is not None:
+        raise error
 
 
 class _Flag:

@@ -10,9 +10,9 @@ from onnx import ModelProto, helper
 
 from ._binding import make_session
 from ._data import DataSpec
-from ._fit_loop import BaseOrtTrainer, TrainingState
+from ._fit_loop import BaseOrtTrainer
 from ._runtime import Device
-from .checkpoint import model_fingerprint
+from .checkpoint import TrainingState, model_fingerprint
 from .graph import (
     check_weights,
     default_weights_to_train,

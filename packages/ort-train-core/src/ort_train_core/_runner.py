@@ -11,8 +11,8 @@ import numpy as np
 
 from ._binding import CachedBinding, DeviceArray
 from ._data import BatchStore, device_resident
-from ._fit_loop import TrainingState
 from ._runtime import C, Device
+from .checkpoint import TrainingState
 from .learning_rate import BaseLearningRate
 
 #: above this many batches per epoch, data inputs are bound at each step instead of once
@@ -64,43 +64,55 @@ class DoubleBufferedRunner:
             for w in self.weight_names
         }
         self.n_steps = state.n_steps
-        #: device-resident (CUDA): each batch's loss stays in its own device scalar until
-        #: epoch_losses() reads them all at the end of the epoch, so a step never waits for
-        #: the device to hand a number back; step() then returns 0.0
-        self.defer_losses = device_resident(device)
-        n = len(store.bounds) if self.defer_losses else 0
+        #: the data and each batch's loss stay on the device (CUDA): a batch's loss waits in its
+        #: own device scalar until epoch_losses() reads them all at the end of the epoch, so a
+        #: step never waits for the device to hand a number back; step() then returns 0.0
+        self.device_resident = device_resident(device)
+        n = len(store.bounds) if self.device_resident else 0
         self.batch_losses = [DeviceArray.zeros((), dtype, device) for _ in range(n)]
-        # the learning rate's scalars: host values on CPU; device scalars where resident, so
-        # that a step does not copy them from pageable host memory (which waits for the
-        # stream) when they change once per epoch
-        self.scalar_host = [np.zeros((), dtype=dtype) for _ in lr.scalar_names]
-        self.scalar_device = [DeviceArray(a, device) for a in self.scalar_host] if self.defer_losses else []
-        self.scalar_values = (
-            [a.ortvalue for a in self.scalar_device]
-            if self.defer_losses
-            else [host_ortvalue(a) for a in self.scalar_host]
-        )
-        self.per_step_scalars = lr.scalars_change_every_step
+        self._init_scalars(lr)
         self.parity = 0
         self.epoch = 0
         self.has_validation = validation is not None
         if validation is not None:
-            self.eval_binding = CachedBinding(evaluator)
-            self.val_arrays = [DeviceArray(a, device, copy=False) for a in validation if a is not None]
-            for name, arr in zip(data_names, self.val_arrays):
-                self.eval_binding.bind_input(name, arr.ortvalue)
-            self.val_loss_host = np.zeros((), dtype=dtype)
-            self.val_loss_value = host_ortvalue(self.val_loss_host)
-            self.eval_binding.bind_output(loss_name, self.val_loss_value)
+            self._init_validation(evaluator, validation, loss_name)
+
+    def _init_scalars(self, lr: BaseLearningRate) -> None:
+        """The learning rate's scalars: host values on CPU; device scalars where resident, so
+        that a step does not copy them from pageable host memory (which waits for the stream)
+        when they change once per epoch."""
+        self.scalar_host = [np.zeros((), dtype=self.dtype) for _ in lr.scalar_names]
+        self.scalar_device = (
+            [DeviceArray(a, self.device) for a in self.scalar_host] if self.device_resident else []
+        )
+        self.scalar_values = (
+            [a.ortvalue for a in self.scalar_device]
+            if self.device_resident
+            else [host_ortvalue(a) for a in self.scalar_host]
+        )
+        self.per_step_scalars = lr.scalars_change_every_step
+
+    def _init_validation(
+        self, evaluator: Any, validation: tuple[np.ndarray, np.ndarray, np.ndarray | None], loss_name: str
+    ) -> None:
+        """The validation data on the device, bound once to the evaluator with a host loss."""
+        self.eval_binding = CachedBinding(evaluator)
+        self.val_arrays = [DeviceArray(a, self.device, copy=False) for a in validation if a is not None]
+        for name, arr in zip(self.data_names, self.val_arrays):
+            self.eval_binding.bind_input(name, arr.ortvalue)
+        self.val_loss_host = np.zeros((), dtype=self.dtype)
+        self.val_loss_value = host_ortvalue(self.val_loss_host)
+        self.eval_binding.bind_output(loss_name, self.val_loss_value)
 
     def loss_output(self, batch: int, host_value: Any) -> Any:
-        """The OrtValue a step's loss is written to: the batch's device scalar when deferred,
+        """The OrtValue a step's loss is written to: the batch's device scalar when resident,
         else ``host_value`` (a host scalar read right after the step)."""
-        return self.batch_losses[batch].ortvalue if self.defer_losses else host_value
+        return self.batch_losses[batch].ortvalue if self.device_resident else host_value
 
-    def epoch_losses(self, n_done: int) -> np.ndarray:
-        """The deferred losses of the first ``n_done`` batches of the epoch (one read each)."""
-        return np.array([float(a.read()) for a in self.batch_losses[:n_done]], dtype=np.float64)
+    def epoch_losses(self, n_done: int, first: int = 0) -> np.ndarray:
+        """The losses a resident fit left on the device for batches ``first`` to ``n_done - 1``
+        of the epoch (one read each)."""
+        return np.array([float(a.read()) for a in self.batch_losses[first:n_done]], dtype=np.float64)
 
     def bind_update(self, binding: Any, sig: Any, parity: int) -> None:
         """Binds weights, states and scalars of an update (fused or standalone): reads

@@ -15,8 +15,10 @@ class Callback:
     """A hook of the fit loop (``callbacks=[...]`` of both trainers).
 
     Lifecycle: every call of ``fit`` or ``resume`` (a warm-started fit and each ``partial_fit``
-    of an estimator included) calls :meth:`on_train_begin` first, then :meth:`on_epoch_end`
-    after each completed epoch, then :meth:`on_train_end` (also when the fit raises).
+    of an estimator included) calls :meth:`on_train_begin` first, then :meth:`on_batch_end`
+    after each step and :meth:`on_epoch_end` after each completed epoch, then
+    :meth:`on_train_end` whatever ends the fit: the last epoch, early stopping, Ctrl-C, a
+    divergence (:class:`~ort_train_core.exceptions.ConvergenceError`) or any other error.
 
     The trainer uses the instances it is given, not copies, so that a callback's results stay
     readable after the fit. A callback that accumulates state during a fit must therefore
@@ -36,6 +38,27 @@ class Callback:
             The trainer being fitted.
         n_epochs : int
             The epochs this call may run.
+        """
+
+    def on_batch_end(self, trainer: BaseOrtTrainer, epoch: int, batch: int, loss: float) -> None:
+        """After each training step.
+
+        The loop calls it only when a callback overrides it, so that a fit without one keeps
+        its per-step cost. Where the losses stay on the device until the end of the epoch
+        (CUDA), each one is read when it is needed here, which waits for the device at every
+        step.
+
+        Parameters
+        ----------
+        trainer : BaseOrtTrainer
+            The trainer being fitted.
+        epoch : int
+            The epoch's 0-based index in the trainer's history.
+        batch : int
+            The batch's 0-based index in the epoch.
+        loss : float
+            The batch's objective, computed before its update (NaN or inf when the fit is
+            about to raise ConvergenceError).
         """
 
     def on_epoch_end(self, trainer: BaseOrtTrainer, epoch: int, logs: dict[str, float]) -> bool:

@@ -1,4 +1,5 @@
-"""Checkpoint files: a trainer's whole training state in one ``.npz`` without pickle.
+"""Checkpoint files: a trainer's whole training state in one ``.npz`` without pickle, and the
+callback that writes them during a fit.
 
 Arrays (weights, optimizer states) are stored under positional keys (``w0``, ``s0_0``...) so
 that any weight name is safe; everything else (names, step and epoch counts, the shuffling RNG's
@@ -8,11 +9,16 @@ elsewhere can hold wrong numbers, never code.
 
 Files are written atomically (a temporary file in the same folder, flushed and fsynced, then
 ``os.replace``): a crash or SIGKILL leaves either the previous checkpoint or the new one.
+
+:class:`TrainingState` and :class:`TrainingProgress` are what a checkpoint holds;
+:func:`save_training` and :func:`load_training` turn them into a file and back, and
+:func:`check_checkpoint` refuses a file that another model or another run wrote.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import errno
 import hashlib
 import json
@@ -20,21 +26,113 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, BinaryIO
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 from onnx import ModelProto
 
 from ._io import check_regular_file
 from ._npz import read_npz
+from .callbacks import Callback
+from .exceptions import CheckpointMismatchError
+
+if TYPE_CHECKING:
+    from ._fit_loop import BaseOrtTrainer
 
 #: the file a trainer with ``checkpoint_dir`` writes in that folder
 CHECKPOINT_FILE = "checkpoint.npz"
 FORMAT = "ort-train-checkpoint"
 FORMAT_VERSION = 1
 
-__all__ = ["CHECKPOINT_FILE", "checkpoint_info", "model_fingerprint", "read_checkpoint", "write_checkpoint"]
+__all__ = [
+    "CHECKPOINT_FILE",
+    "CheckpointWriter",
+    "TrainingProgress",
+    "TrainingState",
+    "check_checkpoint",
+    "checkpoint_info",
+    "data_fingerprint",
+    "load_training",
+    "model_fingerprint",
+    "read_checkpoint",
+    "resume_record",
+    "save_training",
+    "write_checkpoint",
+]
+
+
+@dataclass
+class TrainingState:
+    """Everything a continued fit needs besides its history, on the host.
+
+    Parameters
+    ----------
+    weights : dict of str to numpy.ndarray
+        The trained weights by name, in the trainer's order.
+    optimizer : dict of str to list of numpy.ndarray, optional
+        The optimizer's states of each weight (momentum, Adam's moments); absent for a plain
+        SGD.
+    n_steps : int, optional
+        The steps taken so far (Adam's bias corrections count them).
+
+    Attributes
+    ----------
+    weights, optimizer, n_steps
+        As given.
+    """
+
+    weights: dict[str, np.ndarray]
+    optimizer: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    n_steps: int = 0
+
+    def copy(self) -> TrainingState:
+        """A deep copy: new arrays, the same values.
+
+        Returns
+        -------
+        TrainingState
+            The copy.
+        """
+        return TrainingState(
+            {k: v.copy() for k, v in self.weights.items()},
+            {k: [a.copy() for a in v] for k, v in self.optimizer.items()},
+            self.n_steps,
+        )
+
+
+@dataclass
+class TrainingProgress:
+    """A fit's progress at the end of an epoch: what a checkpoint holds besides the identity of
+    the model and run that wrote it.
+
+    Parameters
+    ----------
+    state : TrainingState
+        Weights, optimizer states and step count.
+    n_iter : int
+        The completed epochs (``n_iter_``).
+    train_losses, validation_losses : list of float
+        The loss history (``train_losses_``, ``validation_losses_``).
+    lr_signature : str or None
+        ``repr`` of the learning rate that trained it (a continued fit must use the same).
+    rng : numpy.random.Generator or None
+        The shuffling generator as the next epoch finds it; None when the file recorded none.
+
+    Attributes
+    ----------
+    state, n_iter, train_losses, validation_losses, lr_signature, rng
+        As given.
+    """
+
+    state: TrainingState
+    n_iter: int
+    train_losses: list[float]
+    validation_losses: list[float]
+    lr_signature: str | None
+    rng: np.random.Generator | None
 
 
 def model_fingerprint(model: ModelProto) -> str:
@@ -307,3 +405,393 @@ def _fsync_folder(folder: str) -> None:
         pass
     finally:
         os.close(fd)
+
+
+# ---- TrainingProgress <-> file -----------------------------------------------------------------
+def save_training(
+    path: str | os.PathLike[str], progress: TrainingProgress, identity: Mapping[str, Any]
+) -> None:
+    """Writes a fit's progress to ``path`` atomically.
+
+    Arrays go under positional keys (``w<i>`` for weight i, ``s<i>_<j>`` for its optimizer
+    state j), everything else into the JSON meta document.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file to write.
+    progress : TrainingProgress
+        What to save.
+    identity : mapping
+        JSON values identifying the model and the run (``trainer``, ``fingerprint``,
+        ``batch_size``, ``shuffle``, and the :func:`resume_record` of the fit), which
+        :func:`check_checkpoint` compares when the file is read.
+    """
+    state = progress.state
+    names = list(state.weights)
+    arrays: dict[str, np.ndarray] = {}
+    n_states = []
+    for i, name in enumerate(names):
+        arrays[f"w{i}"] = state.weights[name]
+        opt = state.optimizer.get(name, [])
+        n_states.append(len(opt))
+        for j, value in enumerate(opt):
+            arrays[f"s{i}_{j}"] = value
+    meta = {
+        **identity,
+        "weights": names,
+        "n_states": n_states,
+        "n_steps": int(state.n_steps),
+        "n_iter_": int(progress.n_iter),
+        "train_losses_": [float(v) for v in progress.train_losses],
+        "validation_losses_": [float(v) for v in progress.validation_losses],
+        "lr_signature": progress.lr_signature,
+        "rng": None if progress.rng is None else _jsonable(progress.rng.bit_generator.state),
+    }
+    write_checkpoint(path, arrays, meta)
+
+
+def load_training(
+    path: str, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any], initial: TrainingState
+) -> TrainingProgress:
+    """The progress a checkpoint holds, every value checked before anything is returned.
+
+    Parameters
+    ----------
+    path : str
+        The file's name, for the messages.
+    arrays, meta : mapping
+        What :func:`read_checkpoint` returned.
+    initial : TrainingState
+        The trainer's initial state: the names, shapes and dtypes the weights must have.
+
+    Returns
+    -------
+    TrainingProgress
+        The saved progress (new arrays).
+
+    Raises
+    ------
+    ValueError
+        Other weights, shapes or dtypes, NaN or inf, negative counts, an unknown or invalid
+        random generator.
+    KeyError, TypeError, IndexError
+        A malformed document (the trainer reports them as a ValueError naming the file).
+    """
+    names = list(meta["weights"])
+    if names != list(initial.weights):
+        raise ValueError(f"{path} holds weights {names} but this trainer trains {list(initial.weights)}")
+    weights: dict[str, np.ndarray] = {}
+    optimizer: dict[str, list[np.ndarray]] = {}
+    for i, name in enumerate(names):
+        ref = initial.weights[name]
+        weights[name] = _checked(path, name, arrays[f"w{i}"], ref)
+        states = [_checked(path, name, arrays[f"s{i}_{j}"], ref) for j in range(int(meta["n_states"][i]))]
+        if states:
+            optimizer[name] = states
+    n_steps, n_iter = int(meta["n_steps"]), int(meta["n_iter_"])
+    if n_steps < 0 or n_iter < 0:
+        raise ValueError(f"{path} holds negative step or epoch counts")
+    signature = meta.get("lr_signature")
+    return TrainingProgress(
+        TrainingState(weights, optimizer, n_steps),
+        n_iter,
+        [float(v) for v in meta["train_losses_"]],
+        [float(v) for v in meta["validation_losses_"]],
+        None if signature is None else str(signature),
+        None if meta.get("rng") is None else _generator(path, _from_jsonable(meta["rng"])),
+    )
+
+
+_BIT_GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")
+
+
+def _generator(path: str, state: Any) -> np.random.Generator:
+    """A generator in the saved state of a bit generator numpy names in _BIT_GENERATORS."""
+    kind = state["bit_generator"]
+    if kind not in _BIT_GENERATORS:  # the file names a class: never let it name any callable
+        raise ValueError(f"{path}: unknown random bit generator {kind!r}")
+    rng = np.random.Generator(getattr(np.random, kind)())
+    try:
+        rng.bit_generator.state = state
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{path}: invalid random generator state: {exc}") from exc
+    return rng
+
+
+def _checked(path: str, name: str, value: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    if value.shape != ref.shape or value.dtype != ref.dtype:
+        raise ValueError(
+            f"{path}: weight {name!r} has shape {value.shape} and dtype {value.dtype}, the model's "
+            f"{ref.shape} and {ref.dtype}"
+        )
+    if not np.isfinite(value).all():
+        raise ValueError(f"{path}: weight {name!r} or its optimizer state holds NaN or inf")
+    return np.array(value, copy=True)
+
+
+def _jsonable(value: Any) -> Any:
+    """A bit generator's state as JSON (PCG64's is ints already; MT19937's holds an array)."""
+    if isinstance(value, np.ndarray):
+        return {"__ndarray__": value.tolist(), "dtype": str(value.dtype)}
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+def _from_jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        if "__ndarray__" in value:
+            return np.asarray(value["__ndarray__"], dtype=value["dtype"])
+        return {k: _from_jsonable(v) for k, v in value.items()}
+    return value
+
+
+# ---- which model and run wrote a checkpoint ----------------------------------------------------
+#: rows of each array hashed into a data fingerprint: evenly spaced from the first to the last,
+#: so that another file, split or order is caught at a cost independent of the data's size (an
+#: edit confined to rows between them is not)
+FINGERPRINT_ROWS = 64
+
+
+def data_fingerprint(arrays: Sequence[np.ndarray | None]) -> str:
+    """sha256 of each array's shape, dtype and FINGERPRINT_ROWS evenly spaced rows.
+
+    Parameters
+    ----------
+    arrays : sequence of numpy.ndarray or None
+        X, y and sample weights as the fit trains on them (validated and cast), None for an
+        absent one.
+
+    Returns
+    -------
+    str
+        A hex digest; equal data give equal digests in any process.
+    """
+    digest = hashlib.sha256()
+    for a in arrays:
+        if a is None:
+            digest.update(b"none;")
+            continue
+        n = a.shape[0] if a.ndim else 1
+        rows = np.unique(np.linspace(0, n - 1, num=min(n, FINGERPRINT_ROWS)).round().astype(np.int64))
+        digest.update(f"{a.shape};{a.dtype.str};".encode())
+        digest.update(np.ascontiguousarray(a[rows] if a.ndim else a).tobytes())
+    return digest.hexdigest()
+
+
+def resume_record(
+    batch_size: int,
+    shuffle: bool,
+    random_state: Any,
+    data: Sequence[np.ndarray | None],
+    validation: Sequence[np.ndarray | None] | None,
+) -> dict[str, Any]:
+    """What decides the weights a fit ends at besides the model and the learning rate: the
+    batches' size, order and seed, and the data, fingerprinted cheaply. A checkpoint records
+    it; ``resume`` refuses one that differs.
+
+    Parameters
+    ----------
+    batch_size : int
+        The trainer's ``batch_size``.
+    shuffle : bool
+        The trainer's ``shuffle``.
+    random_state : int, numpy.random.Generator, SeedSequence or None
+        The trainer's ``random_state``.
+    data : sequence of numpy.ndarray or None
+        X, y and sample weights as the fit trains on them (validated and cast).
+    validation : sequence of numpy.ndarray or None, or None
+        The validation arrays likewise, None without validation data.
+
+    Returns
+    -------
+    dict
+        JSON values by key: ``batch_size``, ``shuffle``, ``random_state``, ``data``,
+        ``validation_data``.
+    """
+    return {
+        "batch_size": int(batch_size),
+        "shuffle": bool(shuffle),
+        "random_state": _seed_record(random_state),
+        "data": data_fingerprint(data),
+        "validation_data": None if validation is None else data_fingerprint(validation),
+    }
+
+
+def _seed_record(random_state: Any) -> int | str | None:
+    """random_state as JSON: an int or None as is; a Generator or SeedSequence by its type
+    (not comparable across processes: only its kind is checked)."""
+    if random_state is None or isinstance(random_state, (int, np.integer)):
+        return None if random_state is None else int(random_state)
+    return f"<{type(random_state).__name__}>"
+
+
+def check_checkpoint(
+    path: str, meta: Mapping[str, Any], fingerprint: str, record: Mapping[str, Any] | None = None
+) -> list[str]:
+    """Refuses a checkpoint of another model and, for ``resume``, one of another run.
+
+    Parameters
+    ----------
+    path : str
+        The file's name, for the messages.
+    meta : mapping
+        The checkpoint's JSON document.
+    fingerprint : str
+        The graph fingerprint of the trainer that reads it.
+    record : mapping or None
+        This fit's :func:`resume_record` when resuming; None when only loading.
+
+    Returns
+    -------
+    list of str
+        The keys of ``record`` the checkpoint does not hold (one written by an earlier version
+        of ort-train); the caller warns that they could not be checked.
+
+    Raises
+    ------
+    ValueError
+        The checkpoint is one of another graph or loss.
+    CheckpointMismatchError
+        It was written with another setting or other data than ``record``.
+    """
+    if meta["fingerprint"] != fingerprint:
+        raise ValueError(
+            f"{path} is a checkpoint of another model (trainer {meta.get('trainer')!r}, graph "
+            f"fingerprint {str(meta['fingerprint'])[:12]}..., this one {fingerprint[:12]}...): "
+            "load it into a trainer built from the same graph and loss"
+        )
+    if record is None:
+        return []
+    for key, given in record.items():
+        if key in meta and meta[key] != given:
+            raise _mismatch(path, key, meta[key], given)
+    return [k for k in record if k not in meta]
+
+
+#: how a resume mismatch is told: the parameter, and the fix
+_RESUME_FIXES = {
+    "batch_size": "resume with the same batch_size",
+    "shuffle": "resume with the same shuffle",
+    "random_state": "resume with the same random_state",
+    "data": "resume with the same X, y and sample_weight",
+    "validation_data": "resume with the same X_val, y_val and sample_weight_val",
+}
+
+
+def _mismatch(path: str, key: str, saved: Any, given: Any) -> CheckpointMismatchError:
+    if key in ("data", "validation_data"):
+        what = "other data" if key == "data" else "other validation data (X_val, y_val)"
+        problem = f"was written by a fit on {what} than this one"
+    else:
+        problem = f"was written with {key}={saved!r}, this fit has {key}={given!r}"
+    return CheckpointMismatchError(
+        f"{path} {problem}: resuming would not end at the weights of the interrupted run; "
+        f"{_RESUME_FIXES[key]}, or fit() to start over",
+        key,
+        saved,
+        given,
+    )
+
+
+def warn_unchecked(path: str, missing: Sequence[str], stacklevel: int) -> None:
+    """Warns that a checkpoint of an earlier version could not be checked for ``missing``.
+
+    Parameters
+    ----------
+    path : str
+        The checkpoint.
+    missing : sequence of str
+        What :func:`check_checkpoint` returned; nothing is said when it is empty.
+    stacklevel : int
+        ``warnings.warn``'s, counted from the caller of this function.
+    """
+    if missing:
+        warnings.warn(
+            f"{path} was written by an earlier version of ort-train, which did not record "
+            f"{list(missing)}: resuming without checking them; give the interrupted run's data and "
+            "settings",
+            UserWarning,
+            stacklevel=stacklevel + 1,
+        )
+
+
+# ---- the writer a fit with checkpoint_dir runs -------------------------------------------------
+class CheckpointWriter(Callback):
+    """Writes a trainer's progress to ``path`` every ``every`` completed epochs and when the fit
+    ends, however it ends (the last epoch, early stopping, Ctrl-C, a divergence, an error).
+
+    The file always holds the end of a complete epoch: a Ctrl-C in the middle of one saves the
+    end of the previous one, so that a resumed fit ends at the weights of an uninterrupted one.
+    The trainer runs it before every other callback, so that they find the epoch's checkpoint
+    written.
+
+    Parameters
+    ----------
+    path : str
+        The checkpoint file (``checkpoint_dir/checkpoint.npz``).
+    every : int
+        Epochs between two writes.
+
+    Attributes
+    ----------
+    path, every
+        As given.
+    """
+
+    def __init__(self, path: str, every: int) -> None:
+        self.path = path
+        self.every = every
+        self._last: _EpochEnd | None = None
+        self._written = -1
+
+    def on_train_begin(self, trainer: BaseOrtTrainer, n_epochs: int) -> None:
+        self._written = -1
+        self._remember(trainer)
+
+    def on_epoch_end(self, trainer: BaseOrtTrainer, epoch: int, logs: dict[str, float]) -> bool:
+        self._remember(trainer)
+        if trainer.n_iter_ % self.every == 0:
+            self._write(trainer)
+        return False
+
+    def on_train_end(self, trainer: BaseOrtTrainer) -> None:
+        if self._last is not None and self._written != self._last.n_iter:
+            self._write(trainer)
+
+    def _remember(self, trainer: BaseOrtTrainer) -> None:
+        """Where the trainer is now, at the end of an epoch (or the start of the fit): the loop
+        goes on changing the trainer, not what is kept here."""
+        self._last = _EpochEnd(
+            trainer._state,  # a new object at each epoch end, never changed in place
+            trainer.n_iter_,
+            len(trainer.train_losses_),
+            len(trainer.validation_losses_),
+            copy.deepcopy(trainer._rng),
+        )
+
+    def _write(self, trainer: BaseOrtTrainer) -> None:
+        last = self._last
+        assert last is not None
+        progress = TrainingProgress(
+            last.state,
+            last.n_iter,
+            trainer.train_losses_[: last.n_train],  # the histories only grow during a fit
+            trainer.validation_losses_[: last.n_validation],
+            trainer._lr_signature,
+            last.rng,
+        )
+        save_training(self.path, progress, trainer._checkpoint_identity())
+        self._written = last.n_iter
+
+
+@dataclass
+class _EpochEnd:
+    state: TrainingState
+    n_iter: int
+    n_train: int
+    n_validation: int
+    rng: np.random.Generator

@@ -25,7 +25,12 @@ from ._data import DataSpec, check_fit_arrays
 from ._io import check_regular_file, load_model
 from ._npz import read_npz
 from .checkpoint import CHECKPOINT_FILE, check_writable_folder, write_atomically
-from .exceptions import CheckpointMismatchError, ConvergenceError, CudaUnavailableError
+from .exceptions import (
+    CheckpointMismatchError,
+    ConvergenceError,
+    CudaUnavailableError,
+    TrainingInterruptedWarning,
+)
 from .graph import (
     add_loss_output,
     default_weights_to_train,
@@ -619,13 +624,9 @@ def _train(
                 raise _resume_refused(exc, str(existing)) from exc
         else:
             trainer.fit(X, y, X_val=X_val, y_val=y_val)
-    interrupted = False
     for w in caught:
-        interrupted = interrupted or (
-            issubclass(w.category, RuntimeWarning) and "interrupted" in str(w.message)
-        )
         print(f"ort-train: warning: {w.message}", file=sys.stderr)
-    return interrupted
+    return any(issubclass(w.category, TrainingInterruptedWarning) for w in caught)
 
 
 def _resume_refused(exc: CheckpointMismatchError, checkpoint: str) -> _UsageError:

@@ -59,6 +59,18 @@ class ConvergenceWarning(UserWarning):
     """
 
 
+class TrainingInterruptedWarning(RuntimeWarning):
+    """Ctrl-C ended a fit after its current step: the trainer holds the weights of that step,
+    its history the completed epochs, and ``checkpoint_dir`` (when set) the end of the last
+    completed epoch, for ``resume``.
+
+    Parameters
+    ----------
+    *args
+        As RuntimeWarning's: the message first.
+    """
+
+
 class GraphNotDifferentiableError(ValueError):
     """The gradient graph cannot be built: an operator on the path to the loss has no gradient.
 

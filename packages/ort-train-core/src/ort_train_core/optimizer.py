@@ -15,12 +15,12 @@ from onnx import ModelProto
 
 from ._binding import CachedBinding, make_session
 from ._data import BatchStore
-from ._fit_loop import TrainingState
 from ._gradient import FusedStepSignature, build_fused_step_graph, cpu_gradient_rewrites
 from ._loss_trainer import LossGraphTrainer
 from ._runner import MAX_PREBOUND_BATCHES, DoubleBufferedRunner, host_ortvalue
 from ._runtime import Device
 from .callbacks import Callback
+from .checkpoint import TrainingState
 from .graph import (
     normalise_model,
     set_batch_dimension,
@@ -243,7 +243,7 @@ class _FusedRunner(DoubleBufferedRunner):
             b = self.shared[e - s, self.parity]
             for name, ov in zip(self.data_names, self.store.batches[batch]):
                 b.bind_input(name, ov)
-            if self.defer_losses:
+            if self.device_resident:
                 b.binding.bind_ortvalue_output(sig.loss, self.batch_losses[batch].ortvalue)
             return sess.run_with_iobinding, b.binding
         b = self._binding(sig, sess, self.parity, batch)
@@ -260,4 +260,4 @@ class _FusedRunner(DoubleBufferedRunner):
         run(b, None)
         self.parity ^= 1
         self.n_steps += 1
-        return 0.0 if self.defer_losses else float(self.loss_host)
+        return 0.0 if self.device_resident else float(self.loss_host)

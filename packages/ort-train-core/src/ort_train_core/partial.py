@@ -14,7 +14,6 @@ from onnx import ModelProto, helper
 
 from ._binding import DeviceArray, make_session
 from ._data import BatchStore
-from ._fit_loop import TrainingState
 from ._gradient import (
     ForwardBackwardGraphs,
     UpdateSignature,
@@ -27,6 +26,7 @@ from ._loss_trainer import LossGraphTrainer
 from ._runner import DoubleBufferedRunner, host_ortvalue
 from ._runtime import C, Device
 from .callbacks import Callback
+from .checkpoint import TrainingState
 from .graph import (
     add_loss_output,
     all_names,
@@ -401,19 +401,19 @@ class _PartialRunner(DoubleBufferedRunner):
         run_update, update_binding = self.update_bindings[self.parity]
         if self.per_step_scalars:
             self._write_scalars()
-        if self.defer_losses and self.update_sig.penalty is not None:
+        if self.device_resident and self.update_sig.penalty is not None:
             update_binding.bind_ortvalue_output(self.update_sig.penalty, self.batch_penalties[batch].ortvalue)
         run_update(update_binding, None)
         self.parity ^= 1
         self.n_steps += 1
-        if self.defer_losses:
+        if self.device_resident:
             return 0.0
         return float(self.loss_host) + float(self.penalty_host)
 
-    def epoch_losses(self, n_done: int) -> np.ndarray:
-        losses = super().epoch_losses(n_done)
+    def epoch_losses(self, n_done: int, first: int = 0) -> np.ndarray:
+        losses = super().epoch_losses(n_done, first)
         if self.update_sig.penalty is not None:
-            losses += [float(a.read()) for a in self.batch_penalties[:n_done]]
+            losses += [float(a.read()) for a in self.batch_penalties[first:n_done]]
         return losses
 
 
