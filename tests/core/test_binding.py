@@ -37,16 +37,19 @@ def test_trainers_of_one_architecture_share_fused_graphs(monkeypatch, make_linea
     graphs of the first without building them again, and still follows its own numpy
     trajectory."""
     import ort_train_core
+    from ort_train_core._cache import LRUCache
+    from ort_train_core._gradient import default_backend
 
     built: list[int] = []
-    original = optimizer_module.build_fused_step_graph
+    backend_type = type(default_backend())
+    original = backend_type.fused_step
 
-    def counting(*args, **kwargs):
+    def counting(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         built.append(1)
-        return original(*args, **kwargs)
+        return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(optimizer_module, "build_fused_step_graph", counting)
-    monkeypatch.setattr(optimizer_module, "_FUSED_GRAPHS", type(optimizer_module._FUSED_GRAPHS)())
+    monkeypatch.setattr(backend_type, "fused_step", counting)
+    monkeypatch.setattr(optimizer_module, "_FUSED_GRAPHS", LRUCache(optimizer_module.MAX_CACHED_FUSED_GRAPHS))
     X, y = linear_data
     for seed, expected_builds in ((0, 2), (1, 2)):  # batch 10 and the last batch of 3
         model = ort_train_core.add_loss_output(make_linear(seed=seed))

@@ -222,7 +222,7 @@ def test_cuda_that_cannot_run_exits_2_with_the_fix(files, tmp_path, capsys, monk
     code, _, err = _run(capsys, *argv, "--device", "cuda")
     assert code == 2
     assert 'pip install "ort-train-core[cuda]"' in err
-    monkeypatch.setattr(_runtime.C, "get_available_providers", lambda: ["CUDAExecutionProvider"])
+    monkeypatch.setattr(_runtime.ort_capi, "get_available_providers", lambda: ["CUDAExecutionProvider"])
 
     def no_gpu(index: int) -> None:
         raise CudaUnavailableError(f"device 'cuda:{index}': the NVIDIA driver sees no GPU")

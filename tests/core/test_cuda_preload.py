@@ -232,7 +232,9 @@ def test_check_device_prepares_cuda_through_the_preload(monkeypatch):
     from ort_train_core import _runtime, check_device
 
     monkeypatch.setattr(
-        _runtime.C, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        _runtime.ort_capi,
+        "get_available_providers",
+        lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"],
     )
     asked: list[int] = []
     monkeypatch.setattr(_cuda, "ensure_cuda", asked.append)

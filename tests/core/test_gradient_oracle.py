@@ -50,7 +50,8 @@ from gradient_catalogue import (
     output_gradient,
     torch_vjp,
 )
-from ort_train_core._gradient import DEFAULT_BACKEND, cpu_gradient_rewrites
+from ort_train_core._gradient import default_backend
+from ort_train_core._ort_training import cpu_gradient_rewrites
 from ort_train_core.cli import main as cli_main
 from ort_train_core.exceptions import GraphNotDifferentiableError
 from ort_train_core.graph import initializers_to_inputs
@@ -98,7 +99,7 @@ def fused_vjp(case: Case, grad_output: np.ndarray) -> dict[str, np.ndarray]:
     CPU rewrites the full loop applies."""
     names = [*case.weights, *case.grad_inputs]
     loss_model = initializers_to_inputs(with_vjp_loss(case.model, case.output_name), list(case.weights))
-    graph = DEFAULT_BACKEND.gradient_graph(loss_model, "loss", names)
+    graph = default_backend().gradient_graph(loss_model, "loss", names)
     graph = cpu_gradient_rewrites(graph, TensorProto.FLOAT)
     feeds = {**case.inputs, **case.weights, "G": grad_output.astype(np.float32)}
     session = onnxruntime.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])

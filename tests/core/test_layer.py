@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ort_train_core import OrtGradientForwardBackward
 from ort_train_core._binding import CachedBinding, make_session
-from ort_train_core._runtime import C, parse_device
+from ort_train_core._runtime import ort_capi, parse_device
 
 TOL = 1e-5
 BATCH_SIZES = (5, 3, 8)  # the batch dimension changes between calls
@@ -267,7 +267,7 @@ def test_cached_binding_rebinds_only_on_a_new_buffer() -> None:
     w64 = {k: v.astype(np.float64) for k, v in initializers(model).items()}
     binding = CachedBinding(make_session(model, device))
     out = np.zeros((4, 2), dtype=np.float32)
-    out_value = C.OrtValue.ortvalue_from_numpy(out, device.ort_device)
+    out_value = ort_capi.OrtValue.ortvalue_from_numpy(out, device.ort_device)
     binding.bind_output("Y", out_value)
 
     def check(X: np.ndarray) -> None:
@@ -278,18 +278,18 @@ def test_cached_binding_rebinds_only_on_a_new_buffer() -> None:
 
     rng = np.random.default_rng(0)
     a = rng.standard_normal((4, 3)).astype(np.float32)
-    a_value = C.OrtValue.ortvalue_from_numpy(a, device.ort_device)
+    a_value = ort_capi.OrtValue.ortvalue_from_numpy(a, device.ort_device)
     binding.bind_input("X", a_value)
     assert binding.n_binds == 1
     check(a)
     binding.bind_input("X", a_value)  # the same OrtValue
     assert binding.n_binds == 1
-    same_buffer = C.OrtValue.ortvalue_from_numpy(a, device.ort_device)  # a new OrtValue, same memory
+    same_buffer = ort_capi.OrtValue.ortvalue_from_numpy(a, device.ort_device)  # a new OrtValue, same memory
     binding.bind_input("X", same_buffer)
     assert binding.n_binds == 1
     a[:] = rng.standard_normal((4, 3))  # written in place: the bound buffer sees it
     check(a)
     b = rng.standard_normal((4, 3)).astype(np.float32)  # another buffer
-    binding.bind_input("X", C.OrtValue.ortvalue_from_numpy(b, device.ort_device))
+    binding.bind_input("X", ort_capi.OrtValue.ortvalue_from_numpy(b, device.ort_device))
     assert binding.n_binds == 2
     check(b)

@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from ort_train_core._binding import make_session
-from ort_train_core._gradient import cpu_relu_grad, cpu_row_sums, fold_static_shapes
+from ort_train_core._ort_training import cpu_relu_grad, cpu_row_sums, fold_static_shapes
 from ort_train_core._runtime import parse_device
 
 
@@ -70,7 +70,7 @@ def test_folded_graph_computes_numpy_values(batch):
 
 
 def test_fused_step_graph_has_no_shape_arithmetic(linear_loss_model):
-    from ort_train_core._gradient import build_fused_step_graph
+    from ort_train_core._gradient import default_backend
     from ort_train_core.graph import default_weights_to_train, initializers_to_inputs, set_batch_dimension
     from ort_train_core.learning_rate import make_learning_rate
 
@@ -78,7 +78,9 @@ def test_fused_step_graph_has_no_shape_arithmetic(linear_loss_model):
     model = initializers_to_inputs(linear_loss_model, names)
     data = [i.name for i in model.graph.input if i.name not in names]
     model = set_batch_dimension(model, data, 16)
-    graph, _ = build_fused_step_graph(model, "loss", names, make_learning_rate(0.01))
+    graph, _ = default_backend().fused_step(
+        model, "loss", names, make_learning_rate(0.01), parse_device("cpu")
+    )
     ops = {(n.domain, n.op_type) for n in graph.graph.node}
     assert not ops & {("", "Shape"), ("", "Size"), ("com.microsoft", "Scale")}, sorted(ops)
 

@@ -4,11 +4,11 @@ Importing this package checks that the *training* build of onnxruntime is instal
 :class:`TrainingRuntimeError` (an ImportError) with the pip commands that fix it otherwise.
 """
 
+from ._binding import ortvalue_from_dlpack
 from ._data import cast_checked
 from ._fit_loop import describe_non_finite
 from ._io import load_model
-from ._runtime import C as _C  # noqa: F401  (the runtime check happens here)
-from ._runtime import Device, check_device, parse_device
+from ._runtime import Device, check_device, parse_device  # importing it checks the runtime
 from ._version import __version__
 from .callbacks import Callback, EarlyStopping, EpochPrinter, ProgressBar
 from .exceptions import (
@@ -82,6 +82,7 @@ __all__ = [
     "initializers_to_inputs",
     "inputs_to_initializers",
     "load_model",
+    "ortvalue_from_dlpack",
     "parse_device",
     "prediction_graph",
 ]

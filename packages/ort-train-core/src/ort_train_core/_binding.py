@@ -1,4 +1,5 @@
-"""OrtValues on a device and a cached IOBinding.
+"""OrtValues on a device, onnxruntime sessions (cached), and IOBindings: the generic runtime
+code every trainer and the gradient backend share.
 
 Trap (ORT_FACTS.md): ``OrtValue.ortvalue_from_numpy`` neither copies a contiguous array nor keeps
 it alive, so every OrtValue made here is stored beside the array it views.
@@ -8,14 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 from onnx import ModelProto
 
+from ._cache import LRUCache
 from ._io import check_no_external_data
-from ._runtime import C, Device
+from ._runtime import Device, ort_capi
 
 
 class DeviceArray:
@@ -34,10 +35,10 @@ class DeviceArray:
         self._dtype = arr.dtype
         if device.kind == "cpu":
             self.host: np.ndarray | None = arr
-            self.ortvalue = C.OrtValue.ortvalue_from_numpy(arr, device.ort_device)
+            self.ortvalue = ort_capi.OrtValue.ortvalue_from_numpy(arr, device.ort_device)
         else:
             self.host = None
-            self.ortvalue = C.OrtValue.ortvalue_from_shape_and_type(
+            self.ortvalue = ort_capi.OrtValue.ortvalue_from_shape_and_type(
                 list(arr.shape), arr.dtype, device.ort_device
             )
             self.ortvalue.update_inplace(arr)
@@ -71,6 +72,76 @@ class DeviceArray:
         return self._dtype
 
 
+def to_ortvalue(value: Any, device: Device, keep: list[Any]) -> Any:
+    """An OrtValue for a value, made without copying where it can.
+
+    Parameters
+    ----------
+    value : OrtValue, DeviceArray or array-like
+        An OrtValue is used as is; a numpy array on CPU is viewed (zero copy); on another device
+        it is copied there.
+    device : Device
+        Where the OrtValue must live.
+    keep : list
+        Receives what must stay alive as long as onnxruntime may read the OrtValue.
+
+    Returns
+    -------
+    OrtValue
+        The value on ``device``.
+    """
+    if isinstance(value, ort_capi.OrtValue):
+        keep.append(value)
+        return value
+    if isinstance(value, DeviceArray):
+        keep.append(value)
+        return value.ortvalue
+    arr = np.asarray(value)
+    if device.kind != "cpu":
+        dev = DeviceArray(arr, device)
+        keep.append(dev)
+        return dev.ortvalue
+    arr = np.asarray(arr, order="C")  # ascontiguousarray makes 0-d arrays 1-d
+    keep.append(arr)
+    return ort_capi.OrtValue.ortvalue_from_numpy(arr, device.ort_device)
+
+
+def ortvalue_from_dlpack(capsule: Any, is_bool: bool = False) -> Any:
+    """An OrtValue over the memory a DLPack capsule describes (no copy; the OrtValue keeps the
+    producer's buffer alive).
+
+    Parameters
+    ----------
+    capsule : PyCapsule
+        What ``torch.utils.dlpack.to_dlpack(tensor)`` (or any DLPack producer) returns; passing
+        the tensor itself crashes onnxruntime.
+    is_bool : bool, default=False
+        True for a bool tensor sent as uint8: onnxruntime refuses DLPack bool tensors.
+
+    Returns
+    -------
+    OrtValue
+        An onnxruntime OrtValue on the producer's device.
+    """
+    return ort_capi.OrtValue.from_dlpack(capsule, is_bool)
+
+
+def io_binding(session: Any) -> Any:
+    """A new IOBinding of ``session``: OrtValues bound once, then ``run_with_iobinding`` runs.
+
+    Parameters
+    ----------
+    session : onnxruntime InferenceSession
+        A session from :func:`make_session`.
+
+    Returns
+    -------
+    onnxruntime SessionIOBinding
+        An empty binding.
+    """
+    return ort_capi.SessionIOBinding(session)
+
+
 class CachedBinding:
     """A SessionIOBinding that binds an input again only when its data pointer changed."""
 
@@ -78,7 +149,7 @@ class CachedBinding:
 
     def __init__(self, session: Any) -> None:
         self.session = session
-        self.binding = C.SessionIOBinding(session)
+        self.binding = io_binding(session)
         self._bound: dict[str, Any] = {}
         self.n_binds = 0
 
@@ -101,11 +172,11 @@ class CachedBinding:
         self.session.run_with_iobinding(self.binding, None)
 
 
+MAX_CACHED_SESSIONS = 32
 #: sessions by (graph bytes, device, options): a graph whose weights are inputs is the same for
 #: every fit of the same architecture and settings (cross-validation folds, grid searches, refits),
 #: and building a session costs milliseconds. onnxruntime sessions run concurrently.
-_SESSIONS: OrderedDict[tuple[bytes, str, int | None, bool], Any] = OrderedDict()
-MAX_CACHED_SESSIONS = 32
+_SESSIONS: LRUCache[Any] = LRUCache(MAX_CACHED_SESSIONS)
 
 
 _MISSING_KERNEL = re.compile(r"Could not find an implementation for (\w+)\((\d+)\) node with name '([^']*)'")
@@ -130,26 +201,49 @@ def _missing_kernel(message: str) -> str | None:
 def make_session(
     model: ModelProto, device: Device, threads: int | None = None, reuse_memory: bool = True
 ) -> Any:
-    """A C-level inference session (the training build registers the gradient ops).
+    """A C-level inference session (the training build registers the gradient ops), shared by
+    every caller asking for the same graph and options.
 
-    ``reuse_memory=False`` (no memory pattern, no buffer reuse, as ORTModule sets them) for a
-    TrainingAgent whose forward outputs are handed to a caller: otherwise the backward writes
-    its own tensors into the buffers of those outputs.
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The graph, without external data.
+    device : Device
+        Where it runs.
+    threads : int or None, default=None
+        Intra-op threads (None: onnxruntime's default).
+    reuse_memory : bool, default=True
+        False (no memory pattern, no buffer reuse, as ORTModule sets them) for a forward/backward
+        pair whose forward outputs are handed to a caller: otherwise the backward writes its own
+        tensors into the buffers of those outputs.
+
+    Returns
+    -------
+    onnxruntime InferenceSession
+        The C-level session (``run_with_iobinding``).
+
+    Raises
+    ------
+    TypeError
+        When an operator has no kernel for the graph's element types.
     """
     data = model.SerializeToString()
     key = (hashlib.sha256(data).digest(), str(device), threads, reuse_memory)
-    if key in _SESSIONS:
-        _SESSIONS.move_to_end(key)
-        return _SESSIONS[key]
+    return _SESSIONS.get_or_build(key, lambda: _new_session(model, data, device, threads, reuse_memory))
+
+
+def _new_session(
+    model: ModelProto, data: bytes, device: Device, threads: int | None, reuse_memory: bool
+) -> Any:
     # bytes have no folder: onnxruntime would resolve external data against the working directory
     check_no_external_data(model)
-    so = C.SessionOptions()
+    so = ort_capi.SessionOptions()
     so.log_severity_level = 3
     so.enable_mem_pattern = reuse_memory
     so.enable_mem_reuse = reuse_memory
     if threads:
         so.intra_op_num_threads = threads
-    sess = C.InferenceSession(so, data, False, False)
+    sess = ort_capi.InferenceSession(so, data, False, False)
     providers = [p if isinstance(p, str) else p[0] for p in device.providers]
     options = [{} if isinstance(p, str) else p[1] for p in device.providers]
     try:
@@ -159,7 +253,4 @@ def make_session(
         if missing is None:
             raise
         raise TypeError(f"{missing} on {device}; {_MISSING_KERNEL_FIX}") from exc
-    _SESSIONS[key] = sess
-    if len(_SESSIONS) > MAX_CACHED_SESSIONS:
-        _SESSIONS.popitem(last=False)
     return sess

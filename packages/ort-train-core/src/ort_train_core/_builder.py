@@ -12,6 +12,29 @@ import numpy as np
 from onnx import NodeProto, TensorProto, helper, numpy_helper
 
 
+def unique_name(hint: str, taken: set[str]) -> str:
+    """The first of ``hint``, ``hint_1``, ``hint_2``, ... not in ``taken``, which it joins.
+
+    Parameters
+    ----------
+    hint : str
+        The preferred name.
+    taken : set of str
+        The names in use; the returned one is added.
+
+    Returns
+    -------
+    str
+        A name not in ``taken`` before the call.
+    """
+    candidate, i = hint, 0
+    while candidate in taken:
+        i += 1
+        candidate = f"{hint}_{i}"
+    taken.add(candidate)
+    return candidate
+
+
 class NodeBuilder:
     """Collects nodes; every name it makes is unique among ``taken`` and its own names."""
 
@@ -24,13 +47,7 @@ class NodeBuilder:
         self._prefix = prefix
 
     def name(self, hint: str) -> str:
-        base = f"{self._prefix}{hint}"
-        candidate, i = base, 0
-        while candidate in self._taken:
-            i += 1
-            candidate = f"{base}_{i}"
-        self._taken.add(candidate)
-        return candidate
+        return unique_name(f"{self._prefix}{hint}", self._taken)
 
     def op(self, op_type: str, inputs: Sequence[str], hint: str | None = None, **attrs: Any) -> str:
         out = self.name(hint or op_type.lower())

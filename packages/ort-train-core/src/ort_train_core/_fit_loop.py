@@ -138,13 +138,9 @@ class BaseOrtTrainer(ParamsMixin):
 
     # ---- shared -----------------------------------------------------------------------
     def _on_params_changed(self) -> None:
-        self._cache: dict[Any, Any] = {}
-
-    @property
-    def _graph_cache(self) -> dict[Any, Any]:
-        if not hasattr(self, "_cache"):
-            self._cache = {}
-        return self._cache
+        """set_params: the record of the graphs and sessions built for the previous parameters
+        (``_graph_record``, kept by the concrete trainer) is dropped."""
+        self.__dict__.pop("_graph_record", None)
 
     def _validate_params(self) -> tuple[Device, BaseLearningRate]:
         _positive_int("max_iter", self.max_iter)
@@ -600,7 +596,7 @@ class BaseOrtTrainer(ParamsMixin):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.pop("_cache", None)  # sessions and graphs are rebuilt lazily
+        state.pop("_graph_record", None)  # sessions and graphs are rebuilt lazily
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

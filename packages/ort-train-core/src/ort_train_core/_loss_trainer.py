@@ -1,14 +1,18 @@
 """What both trainers derive from their loss graph: trained weights, input roles, the data
-layout, initial state, the prediction graph, and the session that evaluates the loss."""
+layout, initial state, the prediction graph, and the session that evaluates the loss, held in
+one record per model content and graph-shaping parameters (:class:`FitGraphs`)."""
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from onnx import ModelProto, helper
 
 from ._binding import make_session
+from ._cache import model_digest
 from ._data import DataSpec
 from ._fit_loop import BaseOrtTrainer
 from ._runtime import Device
@@ -25,20 +29,92 @@ from .graph import (
 from .learning_rate import BaseLearningRate
 
 
+@dataclass(frozen=True)
+class GraphInputs:
+    """The roles of a loss graph's inputs and initializers.
+
+    Attributes
+    ----------
+    parameters : list of str
+        The trained initializers (``weights_to_train``, or the default ones).
+    label : str
+        The label input.
+    sample_weight : str or None
+        The sample-weight input, None when the loss takes none.
+    features : list of str
+        The feature inputs.
+    """
+
+    parameters: list[str]
+    label: str
+    sample_weight: str | None
+    features: list[str]
+
+    @property
+    def data(self) -> list[str]:
+        """The inputs a batch feeds, in the batch store's order: features, label, sample weight."""
+        return [*self.features, self.label, *([self.sample_weight] if self.sample_weight else [])]
+
+
+@dataclass
+class FitGraphs:
+    """A trainer's graphs for one model content and one set of graph-shaping parameters, built
+    once and reused by every fit with the same ones. Trainers add their step graphs (by device,
+    batch size, learning rate) in subclasses.
+
+    Attributes
+    ----------
+    params : tuple
+        The model object's identity and the graph-shaping parameters it was built for.
+    digest : bytes
+        sha256 of the serialised ``model_onnx`` it was built from.
+    loss_model : onnx.ModelProto
+        The loss graph (the objective), trained weights as initializers.
+    loss_name : str
+        Its loss output.
+    inputs : GraphInputs
+        The roles of its inputs.
+    trainable : onnx.ModelProto
+        The loss graph with the trained weights as inputs.
+    evaluators : dict of str to session
+        The loss graph's session per device (the validation loss).
+    """
+
+    params: tuple[Any, ...]
+    digest: bytes
+    loss_model: ModelProto
+    loss_name: str
+    inputs: GraphInputs
+    trainable: ModelProto
+    evaluators: dict[str, Any] = field(default_factory=dict)
+
+    @functools.cached_property
+    def prediction(self) -> ModelProto:
+        """The prediction graph inside the loss graph, initial weights as initializers."""
+        return prediction_graph(self.loss_model, self.loss_name)
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """What a checkpoint must match: :func:`checkpoint.model_fingerprint` of ``trainable``."""
+        return model_fingerprint(self.trainable)
+
+
 class LossGraphTrainer(BaseOrtTrainer):
     """A trainer whose objective is a loss graph: the model itself for the full loop, the model
     with the learning loss and penalty appended for the partial loop (used to evaluate)."""
 
-    def _build_loss_model(self) -> ModelProto:
+    #: the record type of the trainer's graphs
+    _graphs_type: type[FitGraphs] = FitGraphs
+
+    def _build_loss_model(self) -> tuple[ModelProto, str]:
+        """The loss graph and its loss output, from ``model_onnx`` and the parameters."""
         raise NotImplementedError
 
-    def _model_key(self) -> tuple[Any, ...]:
-        """What the loss graph depends on besides set_params (which clears the cache)."""
-        return (id(self.model_onnx),)
-
-    @property
-    def _loss_name(self) -> str:
-        return "loss"
+    def _graph_params(self) -> tuple[Any, ...]:
+        """The parameters the graphs depend on besides the model (set_params drops the graphs;
+        a loss object changed in place changes its repr)."""
+        weights = None if self.weights_to_train is None else tuple(self.weights_to_train)
+        return (weights, *self._input_overrides())
 
     def _batches_weighted_by_sample_weight(self) -> bool:
         # 'row_mean' batch losses are means over rows already: batches weigh by their row count
@@ -48,34 +124,40 @@ class LossGraphTrainer(BaseOrtTrainer):
         """Label and sample-weight input names given by the user (None: from metadata)."""
         return None, None
 
-    # ---- graph inspection -------------------------------------------------------------
+    # ---- the record of the graphs -------------------------------------------------------
+    def _fit_graphs(self, refresh: bool = False) -> FitGraphs:
+        """The record of this trainer's graphs, built again when the model or a graph-shaping
+        parameter changed.
+
+        ``refresh`` (once per fit) hashes the model's content, so an edit of the proto in place
+        is seen; between refreshes, another model object or parameter value is.
+        """
+        model = self.model_onnx
+        if not isinstance(model, ModelProto):
+            raise TypeError(f"model_onnx must be an onnx.ModelProto, not {type(model).__name__}")
+        current: FitGraphs | None = getattr(self, "_graph_record", None)
+        params = (id(model), *self._graph_params())
+        if current is not None and current.params == params and not refresh:
+            return current
+        digest = model_digest(model)
+        if current is None or current.params != params or current.digest != digest:
+            current = self._new_fit_graphs(params, digest)
+            self._graph_record = current
+        return current
+
+    def _new_fit_graphs(self, params: tuple[Any, ...], digest: bytes) -> FitGraphs:
+        loss_model, loss_name = self._build_loss_model()
+        inputs = self._find_inputs(loss_model, loss_name)
+        trainable = initializers_to_inputs(loss_model, inputs.parameters)
+        return self._graphs_type(params, digest, loss_model, loss_name, inputs, trainable)
+
     def _model(self) -> ModelProto:
-        cache = self._graph_cache
-        key = ("model", *self._model_key())
-        if key not in cache:
-            if not isinstance(self.model_onnx, ModelProto):
-                raise TypeError(
-                    f"model_onnx must be an onnx.ModelProto, not {type(self.model_onnx).__name__}"
-                )
-            cache[key] = self._build_loss_model()
-        cached: ModelProto = cache[key]
-        return cached
+        return self._fit_graphs().loss_model
 
-    def _names(self) -> tuple[list[str], str, str | None, list[str]]:
-        """Trained weights, label input, weight input, feature inputs."""
-        key = (
-            "names",
-            *self._model_key(),
-            *self._input_overrides(),
-            None if self.weights_to_train is None else tuple(self.weights_to_train),
-        )
-        if key not in self._graph_cache:
-            self._graph_cache[key] = self._find_names()
-        names: tuple[list[str], str, str | None, list[str]] = self._graph_cache[key]
-        return names
+    def _inputs(self) -> GraphInputs:
+        return self._fit_graphs().inputs
 
-    def _find_names(self) -> tuple[list[str], str, str | None, list[str]]:
-        model = self._model()
+    def _find_inputs(self, model: ModelProto, loss_name: str) -> GraphInputs:
         label_name, weight_name = self._input_overrides()
         label = label_name or get_metadata(model, "label_name") or "label"
         weight = weight_name or get_metadata(model, "weight_name")
@@ -83,24 +165,22 @@ class LossGraphTrainer(BaseOrtTrainer):
         for role, name in (("label", label), ("sample weight", weight)):
             if name is not None and name not in inputs:
                 raise ValueError(f"the {role} input {name!r} is not an input of the model (inputs: {inputs})")
-        weights = (
-            list(self.weights_to_train)
-            if self.weights_to_train is not None
-            else default_weights_to_train(model, self._loss_name)
-        )
         if self.weights_to_train is not None:
-            check_weights(model, self.weights_to_train, self._loss_name)
-        if not weights:
-            raise nothing_to_train_error(model, self._loss_name)
+            check_weights(model, self.weights_to_train, loss_name)
+            parameters = list(self.weights_to_train)
+        else:
+            parameters = default_weights_to_train(model, loss_name)
+        if not parameters:
+            raise nothing_to_train_error(model, loss_name)
         inits = {i.name for i in model.graph.initializer}
         features = [n for n in inputs if n not in {label, weight} and n not in inits]
         if len(features) != 1:
             raise ValueError(f"fit feeds one feature input, but the model has {len(features)}: {features}")
-        return weights, label, weight, features
+        return GraphInputs(parameters, label, weight, features)
 
     def _data_spec(self) -> DataSpec:
         model = self._model()
-        _, label, weight, (feature,) = self._names()
+        inputs = self._inputs()
         by_name = {i.name: i for i in model.graph.input}
 
         def info(name: str) -> tuple[np.dtype, list[int | None]]:
@@ -108,56 +188,35 @@ class LossGraphTrainer(BaseOrtTrainer):
             dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
             return np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)), dims
 
-        fdtype, fdims = info(feature)
-        ldtype, ldims = info(label)
+        fdtype, fdims = info(inputs.features[0])
+        ldtype, ldims = info(inputs.label)
         return DataSpec(
             n_features=fdims[1] if len(fdims) == 2 else None,
             feature_dtype=fdtype if np.issubdtype(fdtype, np.floating) else np.dtype(np.float32),
             label_dtype=ldtype,
             label_tail=tuple(ldims[1:]),
-            has_weight=weight is not None,
+            has_weight=inputs.sample_weight is not None,
             n_classes=get_metadata(model, "n_classes"),
         )
 
     def _initial_state(self) -> TrainingState:
-        weights, *_ = self._names()
-        return TrainingState(initializer_values(self._model(), weights))
+        return TrainingState(initializer_values(self._model(), self._inputs().parameters))
 
     def _prediction_model(self) -> ModelProto:
-        return prediction_graph(self._model(), self._loss_name)
+        return self._fit_graphs().prediction
 
     def _prepare_graphs(self, device: Device, lr: BaseLearningRate) -> None:
-        # A loss or penalty object changed in place (its own set_params) since the last fit: the
-        # graphs and sessions cached under keys that do not spell the model out are stale.
-        model_key = self._model_key()
-        if self._graph_cache.get("model_key", model_key) != model_key:
-            self._graph_cache.clear()
-        self._graph_cache["model_key"] = model_key
-        weights, *_ = self._names()
-        key = ("trainable", tuple(weights))
-        if key not in self._graph_cache:
-            self._graph_cache[key] = initializers_to_inputs(self._model(), weights)
+        self._fit_graphs(refresh=True)
 
     def _trainable_model(self) -> ModelProto:
-        weights, *_ = self._names()
-        model: ModelProto = self._graph_cache[("trainable", tuple(weights))]
-        return model
+        return self._fit_graphs().trainable
 
     def _fingerprint(self) -> str:
-        """Hashed once per graph (each checkpoint written would otherwise serialize it again)."""
-        weights, *_ = self._names()
-        key = ("fingerprint", tuple(weights))
-        cache = self._graph_cache
-        if key not in cache:
-            model = cache.get(("trainable", tuple(weights)))
-            if model is None:
-                model = initializers_to_inputs(self._model(), weights)
-            cache[key] = model_fingerprint(model)
-        fingerprint: str = cache[key]
-        return fingerprint
+        return self._fit_graphs().fingerprint
 
     def _evaluator(self, device: Device) -> Any:
-        key = ("eval", str(device))
-        if key not in self._graph_cache:
-            self._graph_cache[key] = make_session(self._trainable_model(), device)
-        return self._graph_cache[key]
+        evaluators = self._fit_graphs().evaluators
+        key = str(device)
+        if key not in evaluators:
+            evaluators[key] = make_session(self._trainable_model(), device)
+        return evaluators[key]

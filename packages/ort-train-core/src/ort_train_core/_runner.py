@@ -11,7 +11,7 @@ import numpy as np
 
 from ._binding import CachedBinding, DeviceArray
 from ._data import BatchStore, device_resident
-from ._runtime import C, Device
+from ._runtime import Device, ort_capi
 from .checkpoint import TrainingState
 from .learning_rate import BaseLearningRate
 
@@ -21,8 +21,8 @@ MAX_PREBOUND_BATCHES = 2048
 
 def host_ortvalue(host: np.ndarray) -> Any:
     """An OrtValue viewing a host array the caller keeps alive (0-d scalars, loss outputs)."""
-    return C.OrtValue.ortvalue_from_numpy(
-        host, C.OrtDevice(C.OrtDevice.cpu(), C.OrtDevice.default_memory(), 0)
+    return ort_capi.OrtValue.ortvalue_from_numpy(
+        host, ort_capi.OrtDevice(ort_capi.OrtDevice.cpu(), ort_capi.OrtDevice.default_memory(), 0)
     )
 
 

@@ -84,7 +84,11 @@ def load_capi() -> Any:
     return capi
 
 
-C = load_capi()
+#: onnxruntime's compiled Python bindings (``onnxruntime.capi._pybind_state``) of the training
+#: build: OrtValue, OrtDevice, InferenceSession, SessionIOBinding, and the training classes. Only
+#: the modules that hold OrtValues and sessions (_binding, _data, _runner) and the gradient
+#: backend (_ort_training) use it; the trainers and the adapters go through them.
+ort_capi = load_capi()
 
 
 @dataclass(frozen=True)
@@ -114,8 +118,8 @@ class Device:
 
     @functools.cached_property
     def ort_device(self) -> Any:
-        kind = C.OrtDevice.cpu() if self.kind == "cpu" else C.OrtDevice.cuda()
-        return C.OrtDevice(kind, C.OrtDevice.default_memory(), self.index)
+        kind = ort_capi.OrtDevice.cpu() if self.kind == "cpu" else ort_capi.OrtDevice.cuda()
+        return ort_capi.OrtDevice(kind, ort_capi.OrtDevice.default_memory(), self.index)
 
     @property
     def providers(self) -> list[Any]:
@@ -156,10 +160,10 @@ def parse_device(device: str | Device) -> Device:
     kind, _, index = text.partition(":")
     if kind != "cuda" or (index and not index.isdigit()):
         raise ValueError(f"unknown device {device!r}: use 'cpu', 'cuda' or 'cuda:N' (N >= 0)")
-    if "CUDAExecutionProvider" not in C.get_available_providers():
+    if "CUDAExecutionProvider" not in ort_capi.get_available_providers():
         raise ValueError(
             f"device {device!r} needs the CUDA build of onnxruntime-training, but the installed "
-            f"build only offers {C.get_available_providers()}. Install it with "
+            f"build only offers {ort_capi.get_available_providers()}. Install it with "
             f"'pip uninstall -y onnxruntime-training-cpu && {PIP_FIX_CUDA}'."
         )
     from ._cuda import ensure_cuda  # ctypes and the library search: CUDA users only

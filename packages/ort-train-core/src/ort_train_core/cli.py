@@ -412,7 +412,7 @@ def gradient_status(model: ModelProto, output_index: int = 0) -> tuple[list[str]
     reason : str or None
         None when the gradient graph can be built, else why not (the blocking operators).
     """
-    from ._gradient import DEFAULT_BACKEND
+    from ._gradient import default_backend
 
     output = _output_name(model, output_index)
     weights = default_weights_to_train(model, output)
@@ -423,7 +423,7 @@ def gradient_status(model: ModelProto, output_index: int = 0) -> tuple[list[str]
         return weights, problem
     try:
         loss_model = add_loss_output(normalise_model(model), output_index=output_index)
-        DEFAULT_BACKEND.gradient_graph(initializers_to_inputs(loss_model, weights), "loss", weights)
+        default_backend().gradient_graph(initializers_to_inputs(loss_model, weights), "loss", weights)
     except (ValueError, TypeError) as exc:  # GraphNotDifferentiableError is a ValueError
         return weights, str(exc)
     return weights, None

@@ -1,5 +1,5 @@
 """An ONNX graph as one layer of a bigger model: forward now, backward later with the gradient
-of the outputs, through onnxruntime-training's TrainingAgent."""
+of the outputs, through the gradient backend's forward/backward pair."""
 
 from __future__ import annotations
 
@@ -10,16 +10,15 @@ from typing import Any
 import numpy as np
 from onnx import ModelProto
 
-from ._binding import DeviceArray, make_session
-from ._gradient import ForwardBackwardGraphs, build_forward_backward, cpu_gradient_rewrites
-from ._runtime import C, Device, parse_device
+from ._binding import DeviceArray, io_binding, make_session, to_ortvalue
+from ._gradient import ForwardBackwardGraphs, ForwardBackwardRunner, default_backend
+from ._runtime import Device, parse_device
 from .exceptions import GraphNotDifferentiableError
 from .graph import (
     ancestors,
     check_weights,
     default_weights_to_train,
     differentiable_ancestors,
-    float_initializers,
     initializer_values,
     initializers_to_inputs,
     normalise_model,
@@ -42,30 +41,44 @@ class PendingForward:
         return [tuple(self.outputs[i].shape()) for i in range(len(self.outputs))]
 
 
-def to_ortvalue(value: Any, device: Device, keep: list[Any]) -> Any:
-    """An OrtValue for a numpy array (CPU, zero copy; the array joins ``keep``) or an OrtValue."""
-    if isinstance(value, C.OrtValue):
-        keep.append(value)
-        return value
-    if isinstance(value, DeviceArray):
-        keep.append(value)
-        return value.ortvalue
-    arr = np.asarray(value)
-    if device.kind != "cpu":
-        dev = DeviceArray(arr, device)
-        keep.append(dev)
-        return dev.ortvalue
-    arr = np.asarray(arr, order="C")  # ascontiguousarray makes 0-d arrays 1-d
-    keep.append(arr)
-    return C.OrtValue.ortvalue_from_numpy(arr, device.ort_device)
-
-
 class OrtGradientForwardBackward:
     """Forward and backward of a graph as two calls, gradients for the weights and for the
     inputs named in ``input_names_requiring_grad``.
 
     Weights are owned by this object (``get_weights``/``set_weights``) unless the caller passes
     its own to :meth:`forward` (a torch module passes its parameters).
+
+    Parameters
+    ----------
+    model_onnx : onnx.ModelProto
+        The graph (a prediction graph: no loss needed).
+    weights_to_train : sequence of str or None, default=None
+        The float initializers to differentiate, in the order the weights are fed and their
+        gradients returned. None: those the outputs depend on with a gradient (an initializer
+        the gradient builder finds no gradient for stays a constant).
+    device : str, default='cpu'
+        ``'cpu'``, ``'cuda'`` or ``'cuda:N'``.
+    input_names_requiring_grad : sequence of str or None, default=None
+        Inputs whose gradient :meth:`backward` returns too (before the weights').
+
+    Attributes
+    ----------
+    graphs : ForwardBackwardGraphs
+        The gradient graph and the order of its feeds and fetches;
+        ``graphs.non_differentiable_outputs`` lists the outputs without a gradient.
+    weights_to_train : list of str
+        The trained weights.
+    input_names_requiring_grad : list of str
+        The inputs whose gradient is returned.
+    input_names, output_names : list of str
+        The graph's inputs (weights excluded) and outputs, in order.
+    device : Device
+        Where it runs.
+
+    Raises
+    ------
+    GraphNotDifferentiableError
+        When a weight has no gradient or an operator on the way has none.
     """
 
     def __init__(
@@ -80,65 +93,20 @@ class OrtGradientForwardBackward:
         self.model_onnx = model_onnx
         self.device = parse_device(device)
         model = normalise_model(model_onnx)
-        outputs = [o.name for o in model.graph.output]
         types = value_types(model)
-        if weights_to_train is None:
-            weights = default_weights_to_train(model, outputs, types)
-        else:
-            weights = list(weights_to_train)
-            # each weight must be a float initializer that some output depends on (through
-            # float values: a weight reaching them only through a comparison has no gradient)
-            with_gradient = {o: differentiable_ancestors(model, [o], types)[0] for o in outputs}
-            for w in weights:
-                reaching = (
-                    [o for o in outputs if w in with_gradient[o]]
-                    or [o for o in outputs if w in ancestors(model, [o])[0]]
-                    or outputs
-                )
-                check_weights(model, [w], reaching[0], types)
-            if len(set(weights)) != len(weights):
-                raise ValueError(f"weights_to_train has duplicates: {weights}")
-        inits = {i.name for i in model.graph.initializer}
-        inputs = [i.name for i in model.graph.input if i.name not in inits]
-        requiring = list(input_names_requiring_grad or [])
-        unknown = [n for n in requiring if n not in inputs]
-        if unknown:
-            raise ValueError(f"input_names_requiring_grad names {unknown}, not inputs of the graph {inputs}")
-        graph = initializers_to_inputs(model, [])
-        while True:
-            try:
-                self.graphs: ForwardBackwardGraphs = build_forward_backward(graph, weights, requiring, types)
-                break
-            except GraphNotDifferentiableError as exc:
-                # by default, a float initializer onnxruntime finds no gradient for (an input of
-                # an operator it does not differentiate there) is a constant, not a weight
-                if weights_to_train is not None or exc.weight not in weights:
-                    raise
-                weights.remove(exc.weight)
-        self.weights_to_train = weights
+        weights = _checked_weights(model, weights_to_train, types)
+        requiring = _checked_inputs_requiring_grad(model, input_names_requiring_grad)
+        # the outputs forward returns must survive the backward: no memory reuse
+        self._pair = _forward_backward_pair(model, weights, requiring, self.device, types, weights_to_train)
+        self.graphs: ForwardBackwardGraphs = self._pair.graphs
+        self.weights_to_train = list(self.graphs.weights)
         self.input_names_requiring_grad = requiring
         self._model = model
-        self._trainable = initializers_to_inputs(model, weights)
-        if self.device.kind == "cpu" and weights:
-            # onnxruntime's CPU kernels of ReluGrad and of the bias gradients' ReduceSum (over a
-            # strided leading axis) are several times slower than the rewritten forms
-            elem_type = float_initializers(model)[weights[0]].data_type
-            self.graphs.gradient_model = cpu_gradient_rewrites(self.graphs.gradient_model, elem_type)
+        self._trainable = initializers_to_inputs(model, self.weights_to_train)
         self.input_names = self.graphs.input_names
         self.output_names = self.graphs.output_names
-        values = initializer_values(model, weights)
+        values = initializer_values(model, self.weights_to_train)
         self._weights = {w: DeviceArray(v, self.device) for w, v in values.items()}
-        # the outputs forward returns must survive the backward
-        self._session = make_session(self.graphs.gradient_model, self.device, reuse_memory=False)
-        dev = self.device.ort_device
-        self._agent = C.TrainingAgent(
-            self._session,
-            [*self.input_names, *weights],
-            [dev] * len(self.output_names),
-            self.graphs.fetch_names,
-            [dev] * len(self.graphs.fetch_names),
-            0,
-        )
         self._inference: Any = None
         self._pending: list[PendingForward] = []
 
@@ -208,24 +176,33 @@ class OrtGradientForwardBackward:
         return [out[i] for i in range(len(out))]
 
     def run_forward(self, feeds: Sequence[Any], keep: list[Any]) -> tuple[Any, PendingForward]:
-        """The training forward on ready OrtValues (inputs, then weights): the raw
-        ``OrtValueVector`` of outputs (a caller converts them all in one call, e.g.
-        ``to_dlpacks``) and the state for :meth:`run_backward`; ``keep`` holds what onnxruntime
-        may still read."""
-        vin = C.OrtValueVector()
-        vin.reserve(len(feeds))
-        for ov in feeds:
-            vin.push_back(ov)
-        out = C.OrtValueVector()
-        state = C.PartialGraphExecutionState()
-        self._agent.run_forward(vin, out, state, None)
+        """The training forward on ready OrtValues.
+
+        Parameters
+        ----------
+        feeds : sequence of OrtValue
+            The inputs, then the weights.
+        keep : list
+            What onnxruntime may still read until the backward; the input vector joins it.
+
+        Returns
+        -------
+        (OrtValueVector, PendingForward)
+            The outputs in the backend's vector (a caller converts them all in one call, e.g.
+            ``to_dlpacks``) and the state for :meth:`run_backward`.
+        """
+        pair = self._pair
+        vin = pair.vector(feeds)
+        out = pair.vector(())
+        state = pair.new_state()
+        pair.run_forward(vin, out, state)
         keep.append(vin)
         return out, PendingForward(state, keep, out)
 
     def _infer(self, feeds: list[Any]) -> list[Any]:
         if self._inference is None:
             self._inference = make_session(self._trainable, self.device)
-        binding = C.SessionIOBinding(self._inference)
+        binding = io_binding(self._inference)
         for name, ov in zip([*self.input_names, *self.weights_to_train], feeds):
             binding.bind_ortvalue_input(name, ov)
         for name in self.output_names:
@@ -260,15 +237,80 @@ class OrtGradientForwardBackward:
         return [out[i] for i in range(len(out))]
 
     def run_backward(self, grad_values: Sequence[Any], pending: PendingForward) -> Any:
-        """The backward of ``pending`` on ready OrtValues, one per output (those of outputs
-        without a gradient, ``graphs.non_differentiable_outputs``, are ignored and may be
-        None): the raw ``OrtValueVector`` of gradients (inputs requiring one, then weights)."""
+        """The backward of ``pending`` on ready OrtValues.
+
+        Parameters
+        ----------
+        grad_values : sequence of OrtValue or None
+            One gradient per output; those of outputs without a gradient
+            (``graphs.non_differentiable_outputs``) are ignored and may be None.
+        pending : PendingForward
+            What the forward left (:meth:`run_forward`).
+
+        Returns
+        -------
+        OrtValueVector
+            The gradients (inputs requiring one, then weights), in the backend's vector.
+        """
         skip = self.graphs.non_differentiable_outputs
-        vin = C.OrtValueVector()
-        vin.reserve(len(grad_values))
-        for k, ov in enumerate(grad_values):
-            if k not in skip:
-                vin.push_back(ov)
-        out = C.OrtValueVector()
-        self._agent.run_backward(vin, out, pending.state)
+        pair = self._pair
+        vin = pair.vector([ov for k, ov in enumerate(grad_values) if k not in skip] if skip else grad_values)
+        out = pair.vector(())
+        pair.run_backward(vin, out, pending.state)
         return out
+
+
+def _checked_weights(
+    model: ModelProto, weights_to_train: Sequence[str] | None, types: Mapping[str, int]
+) -> list[str]:
+    """``weights_to_train`` checked (float initializers some output depends on, no duplicates),
+    or the default weights: the float initializers the outputs depend on with a gradient."""
+    outputs = [o.name for o in model.graph.output]
+    if weights_to_train is None:
+        return default_weights_to_train(model, outputs, types)
+    weights = list(weights_to_train)
+    # each weight must be a float initializer that some output depends on (through float
+    # values: a weight reaching them only through a comparison has no gradient)
+    with_gradient = {o: differentiable_ancestors(model, [o], types)[0] for o in outputs}
+    for w in weights:
+        reaching = (
+            [o for o in outputs if w in with_gradient[o]]
+            or [o for o in outputs if w in ancestors(model, [o])[0]]
+            or outputs
+        )
+        check_weights(model, [w], reaching[0], types)
+    if len(set(weights)) != len(weights):
+        raise ValueError(f"weights_to_train has duplicates: {weights}")
+    return weights
+
+
+def _checked_inputs_requiring_grad(model: ModelProto, names: Sequence[str] | None) -> list[str]:
+    inits = {i.name for i in model.graph.initializer}
+    inputs = [i.name for i in model.graph.input if i.name not in inits]
+    requiring = list(names or [])
+    unknown = [n for n in requiring if n not in inputs]
+    if unknown:
+        raise ValueError(f"input_names_requiring_grad names {unknown}, not inputs of the graph {inputs}")
+    return requiring
+
+
+def _forward_backward_pair(
+    model: ModelProto,
+    weights: list[str],
+    requiring: list[str],
+    device: Device,
+    types: Mapping[str, int],
+    weights_to_train: Sequence[str] | None,
+) -> ForwardBackwardRunner:
+    """The backend's pair; by default (``weights_to_train`` None), a float initializer the
+    backend finds no gradient for (an input of an operator it does not differentiate there) is
+    a constant, not a weight: it is dropped from ``weights`` and the pair built again."""
+    graph = initializers_to_inputs(model, [])
+    backend = default_backend()
+    while True:
+        try:
+            return backend.forward_backward(graph, weights, requiring, device, types, reuse_memory=False)
+        except GraphNotDifferentiableError as exc:
+            if weights_to_train is not None or exc.weight not in weights:
+                raise
+            weights.remove(exc.weight)

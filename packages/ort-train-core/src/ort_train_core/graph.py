@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
-from ._builder import FLOAT_TYPES, NodeBuilder
+from ._builder import FLOAT_TYPES, NodeBuilder, unique_name
 from ._io import validate_model
 from .exceptions import GraphNotDifferentiableError
 from .losses import BaseLearningLoss, BaseLearningPenalty, ElasticLearningPenalty, make_loss, reduce_rows
@@ -27,6 +27,7 @@ __all__ = [
     "add_loss_output",
     "all_names",
     "ancestors",
+    "default_penalized_weights",
     "default_weights_to_train",
     "initializer_values",
     "initializers_to_inputs",
@@ -35,6 +36,7 @@ __all__ = [
     "nothing_to_train_error",
     "prediction_graph",
     "prune_to_outputs",
+    "unique_name",
 ]
 
 #: the highest IR version onnxruntime 1.19 loads
@@ -575,6 +577,26 @@ def default_weights_to_train(
     names = [loss_name] if isinstance(loss_name, str) else loss_name
     deps, _ = differentiable_ancestors(model, names, types)
     return [name for name in float_initializers(model) if name in deps]
+
+
+def default_penalized_weights(model: ModelProto, weights: Iterable[str]) -> list[str]:
+    """The weights a penalty applies to by default: those of rank >= 2 (matrices, kernels), not
+    the biases and scales.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The model whose initializers hold the weights.
+    weights : iterable of str
+        The trained weights.
+
+    Returns
+    -------
+    list of str
+        Those of ``weights`` that are initializers of rank 2 or more, in the order given.
+    """
+    ranks = {i.name: len(i.dims) for i in model.graph.initializer}
+    return [w for w in weights if ranks.get(w, 0) >= 2]
 
 
 def check_weights(

@@ -3,20 +3,20 @@ loss, backward and the update of weights and optimizer states (the fused step gr
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
-from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import numpy as np
 from onnx import ModelProto
 
 from ._binding import CachedBinding, make_session
+from ._cache import LRUCache, model_digest
 from ._data import BatchStore
-from ._gradient import FusedStepSignature, build_fused_step_graph, cpu_gradient_rewrites
-from ._loss_trainer import LossGraphTrainer
+from ._gradient import FusedStepSignature, GradientBackend, default_backend
+from ._loss_trainer import FitGraphs, LossGraphTrainer
 from ._runner import MAX_PREBOUND_BATCHES, DoubleBufferedRunner, host_ortvalue
 from ._runtime import Device
 from .callbacks import Callback
@@ -29,16 +29,16 @@ from .learning_rate import BaseLearningRate
 
 #: On CPU, a fused graph whose batch x trained weight values is at most this runs on one
 #: intra-op thread: its step is dozens of small kernels, and splitting them costs more than it
-#: saves. Measured on 2 cores: 5-25 % less per step up to about 1.1e6 (the MLPs of
-#: bench_sklearn.py: 200 x 5101 and 200 x 1101), even at 2e6, 5-20 % more from 4e6 on.
+#: saves; larger graphs gain from the threads (the limit comes from bench_sklearn.py's MLPs)
 CPU_ONE_THREAD_MAX_WORK = 1_500_000
 
 
-#: fused graphs built in this process, by (trainable graph, loss, weights, batch, learning rate,
-#: device): a new trainer over the same architecture (a scikit-learn fit, a grid-search
-#: candidate) skips the gradient builder, the slow part of building one; the sessions are cached apart
-_FUSED_GRAPHS: OrderedDict[tuple[Any, ...], tuple[ModelProto, FusedStepSignature, int | None]] = OrderedDict()
 MAX_CACHED_FUSED_GRAPHS = 32
+#: fused graphs built in this process, by (trainable graph, loss, weights, batch, learning rate,
+#: device, backend): a new trainer over the same architecture (a scikit-learn fit, a grid-search
+#: candidate) skips the gradient builder, the slow part of building one; the sessions are cached
+#: apart
+_FUSED_GRAPHS: LRUCache[tuple[ModelProto, FusedStepSignature, int | None]] = LRUCache(MAX_CACHED_FUSED_GRAPHS)
 
 
 def fused_step_graph(
@@ -48,25 +48,73 @@ def fused_step_graph(
     batch: int,
     device: Device,
     lr: BaseLearningRate,
+    backend: GradientBackend | None = None,
 ) -> tuple[ModelProto, FusedStepSignature, int | None]:
-    """The fused step graph of ``model`` (weights as inputs, batch dimension fixed) for
-    ``device``, with the intra-op thread count its session should use (None: default)."""
-    digest = hashlib.sha256(model.SerializeToString()).digest()
-    key = (digest, loss_name, tuple(weights), batch, str(device), repr(lr))
-    if key in _FUSED_GRAPHS:
-        _FUSED_GRAPHS.move_to_end(key)
-        return _FUSED_GRAPHS[key]
-    graph, sig = build_fused_step_graph(model, loss_name, weights, lr)
-    threads = None
-    if device.kind == "cpu":
-        elem_type = _loss_elem_type(graph, loss_name)
-        graph = cpu_gradient_rewrites(graph, elem_type)
-        if batch * _n_values(graph, sig.weights) <= CPU_ONE_THREAD_MAX_WORK:
-            threads = 1
-    _FUSED_GRAPHS[key] = (graph, sig, threads)
-    if len(_FUSED_GRAPHS) > MAX_CACHED_FUSED_GRAPHS:
-        _FUSED_GRAPHS.popitem(last=False)
-    return graph, sig, threads
+    """The fused step graph of ``model`` for ``device``, with the intra-op thread count its
+    session should use.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The loss graph, trained weights as inputs, batch dimension fixed to ``batch``.
+    loss_name : str
+        Its loss output.
+    weights : sequence of str
+        The trained weights.
+    batch : int
+        The batch size.
+    device : Device
+        Where it runs.
+    lr : BaseLearningRate
+        The learning rate, whose nodes update the weights.
+    backend : GradientBackend or None, default=None
+        The gradient backend (None: :func:`~._gradient.default_backend`).
+
+    Returns
+    -------
+    (onnx.ModelProto, FusedStepSignature, int or None)
+        The graph, its signature and the session's intra-op threads (None: the default).
+    """
+    backend = backend or default_backend()
+    key = (model_digest(model), loss_name, tuple(weights), batch, str(device), repr(lr), backend.name)
+
+    def build() -> tuple[ModelProto, FusedStepSignature, int | None]:
+        graph, sig = backend.fused_step(model, loss_name, weights, lr, device)
+        small = device.kind == "cpu" and batch * _n_values(graph, sig.weights) <= CPU_ONE_THREAD_MAX_WORK
+        return graph, sig, 1 if small else None
+
+    return _FUSED_GRAPHS.get_or_build(key, build)
+
+
+class FusedStep(NamedTuple):
+    """The fused step of one batch size.
+
+    Attributes
+    ----------
+    graph : onnx.ModelProto
+        Loss, gradients and update in one graph.
+    signature : FusedStepSignature
+        The names of its inputs and outputs.
+    session : onnxruntime InferenceSession
+        Its session.
+    """
+
+    graph: ModelProto
+    signature: FusedStepSignature
+    session: Any
+
+
+@dataclass
+class FusedGraphs(FitGraphs):
+    """:class:`FitGraphs` and the fused steps.
+
+    Attributes
+    ----------
+    steps : dict of (int, str, str) to FusedStep
+        The fused step per batch size, device and ``repr`` of the learning rate.
+    """
+
+    steps: dict[tuple[int, str, str], FusedStep] = field(default_factory=dict)
 
 
 class OrtGradientOptimizer(LossGraphTrainer):
@@ -117,17 +165,15 @@ class OrtGradientOptimizer(LossGraphTrainer):
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
 
-    def _model_key(self) -> tuple[Any, ...]:
-        return (id(self.model_onnx), self.loss_output_name)
+    _graphs_type = FusedGraphs
 
-    @property
-    def _loss_name(self) -> str:
-        return self.loss_output_name
+    def _graph_params(self) -> tuple[Any, ...]:
+        return (*super()._graph_params(), self.loss_output_name)
 
     def _input_overrides(self) -> tuple[str | None, str | None]:
         return self.label_name, self.sample_weight_name
 
-    def _build_loss_model(self) -> ModelProto:
+    def _build_loss_model(self) -> tuple[ModelProto, str]:
         model = normalise_model(self.model_onnx)
         outputs = [o.name for o in model.graph.output]
         if self.loss_output_name not in outputs:
@@ -135,27 +181,29 @@ class OrtGradientOptimizer(LossGraphTrainer):
                 f"the model has no output {self.loss_output_name!r} (outputs: {outputs}); "
                 "add one with add_loss_output(model, ...) or set loss_output_name"
             )
-        return model
+        return model, self.loss_output_name
 
-    def _fused(
-        self, batch: int, device: Device, lr: BaseLearningRate
-    ) -> tuple[ModelProto, FusedStepSignature, Any]:
-        key = ("fused", batch, str(device), repr(lr))
-        cache = self._graph_cache
-        if key not in cache:
-            weights, label, weight, features = self._names()
-            data = [*features, label] + ([weight] if weight else [])
-            model = set_batch_dimension(self._trainable_model(), data, batch)
-            graph, sig, threads = fused_step_graph(model, self.loss_output_name, weights, batch, device, lr)
-            cache[key] = (graph, sig, make_session(graph, device, threads=threads))
-        value: tuple[ModelProto, FusedStepSignature, Any] = cache[key]
-        return value
+    def _graphs(self) -> FusedGraphs:
+        graphs = self._fit_graphs()
+        assert isinstance(graphs, FusedGraphs)
+        return graphs
+
+    def _fused(self, batch: int, device: Device, lr: BaseLearningRate) -> FusedStep:
+        graphs = self._graphs()
+        key = (batch, str(device), repr(lr))
+        if key not in graphs.steps:
+            inputs = graphs.inputs
+            model = set_batch_dimension(graphs.trainable, inputs.data, batch)
+            graph, sig, threads = fused_step_graph(
+                model, graphs.loss_name, inputs.parameters, batch, device, lr
+            )
+            graphs.steps[key] = FusedStep(graph, sig, make_session(graph, device, threads=threads))
+        return graphs.steps[key]
 
     def _graphs_to_save(self) -> dict[str, ModelProto]:
-        out = {"loss": self._model()}
-        for key, value in self._graph_cache.items():
-            if isinstance(key, tuple) and key[0] == "fused":
-                out[f"fused_step_batch{key[1]}"] = value[0]
+        graphs = self._graphs()
+        out = {"loss": graphs.loss_model}
+        out.update({f"fused_step_batch{batch}": step.graph for (batch, _, _), step in graphs.steps.items()})
         return out
 
     def _make_runner(
@@ -169,8 +217,7 @@ class OrtGradientOptimizer(LossGraphTrainer):
         sizes = sorted({e - s for s, e in store.bounds})
         graphs = {size: self._fused(size, device, lr) for size in sizes}
         evaluator = self._evaluator(device) if validation is not None else None
-        _, label, weight, features = self._names()
-        data_names = [*features, label] + ([weight] if weight else [])
+        fit_graphs = self._graphs()
         return _FusedRunner(
             store,
             state,
@@ -179,13 +226,9 @@ class OrtGradientOptimizer(LossGraphTrainer):
             graphs,
             evaluator,
             validation,
-            self.loss_output_name,
-            data_names,
+            fit_graphs.loss_name,
+            fit_graphs.inputs.data,
         )
-
-
-def _loss_elem_type(model: ModelProto, loss_name: str) -> int:
-    return int(next(o.type.tensor_type.elem_type for o in model.graph.output if o.name == loss_name))
 
 
 def _n_values(model: ModelProto, names: Sequence[str]) -> float:
@@ -205,13 +248,13 @@ class _FusedRunner(DoubleBufferedRunner):
         state: TrainingState,
         device: Device,
         lr: BaseLearningRate,
-        graphs: dict[int, tuple[ModelProto, FusedStepSignature, Any]],
+        graphs: dict[int, FusedStep],
         evaluator: Any,
         validation: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None,
         loss_name: str,
         data_names: list[str],
     ) -> None:
-        weights = next(iter(graphs.values()))[1].weights
+        weights = next(iter(graphs.values())).signature.weights
         super().__init__(store, state, device, lr, weights, evaluator, validation, loss_name, data_names)
         self.loss_host = np.zeros((), dtype=self.dtype)
         self.loss_value = host_ortvalue(self.loss_host)

@@ -6,30 +6,32 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import numpy as np
 import onnx
 from onnx import ModelProto, helper
 
-from ._binding import DeviceArray, make_session
+from ._binding import DeviceArray, io_binding, make_session
+from ._builder import unique_name
 from ._data import BatchStore
 from ._gradient import (
-    ForwardBackwardGraphs,
+    ForwardBackwardRunner,
     UpdateSignature,
-    build_forward_backward,
     build_loss_gradient_graph,
     build_update_graph,
-    cpu_gradient_rewrites,
+    default_backend,
 )
-from ._loss_trainer import LossGraphTrainer
+from ._loss_trainer import FitGraphs, LossGraphTrainer
 from ._runner import DoubleBufferedRunner, host_ortvalue
-from ._runtime import C, Device
+from ._runtime import Device
 from .callbacks import Callback
 from .checkpoint import TrainingState
 from .graph import (
     add_loss_output,
     all_names,
+    default_penalized_weights,
     default_weights_to_train,
     normalise_model,
     output_shape,
@@ -44,6 +46,59 @@ from .losses import (
     NoLearningPenalty,
     make_loss,
 )
+
+
+class LossGradient(NamedTuple):
+    """The learning loss's graph of one batch size: (prediction, label, weight) -> (loss,
+    prediction_grad).
+
+    Attributes
+    ----------
+    graph : onnx.ModelProto
+        The graph.
+    session : onnxruntime InferenceSession
+        Its session.
+    """
+
+    graph: ModelProto
+    session: Any
+
+
+class Update(NamedTuple):
+    """The penalty-and-update graph.
+
+    Attributes
+    ----------
+    graph : onnx.ModelProto
+        The graph.
+    signature : UpdateSignature
+        The names of its inputs and outputs.
+    session : onnxruntime InferenceSession
+        Its session.
+    """
+
+    graph: ModelProto
+    signature: UpdateSignature
+    session: Any
+
+
+@dataclass
+class PartialGraphs(FitGraphs):
+    """:class:`FitGraphs` and the partial loop's graphs.
+
+    Attributes
+    ----------
+    forward_backward : dict of (str, int) to ForwardBackwardRunner
+        The model's forward/backward pair per device and batch size.
+    loss_gradients : dict of (int, str) to LossGradient
+        The learning loss's graph per batch size and device.
+    updates : dict of (str, str) to Update
+        The penalty-and-update graph per device and ``repr`` of the learning rate.
+    """
+
+    forward_backward: dict[tuple[str, int], ForwardBackwardRunner] = field(default_factory=dict)
+    loss_gradients: dict[tuple[int, str], LossGradient] = field(default_factory=dict)
+    updates: dict[tuple[str, str], Update] = field(default_factory=dict)
 
 
 class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
@@ -114,19 +169,21 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
         penalty.validate()
         return penalty
 
-    def _model_key(self) -> tuple[Any, ...]:
+    _graphs_type = PartialGraphs
+
+    def _graph_params(self) -> tuple[Any, ...]:
         return (
-            id(self.model_onnx),
+            *super()._graph_params(),
             self.reduction,
             repr(self.learning_loss),
             repr(self.learning_penalty),
             self.weight_name,
             self.output_index,
-            None if self.weights_to_train is None else tuple(self.weights_to_train),
         )
 
-    def _build_loss_model(self) -> ModelProto:
-        """The evaluation graph: prediction, learning loss and penalty (the objective)."""
+    def _build_loss_model(self) -> tuple[ModelProto, str]:
+        """The evaluation graph: prediction, learning loss and penalty (the objective), and its
+        loss output."""
         model = normalise_model(self.model_onnx)
         outputs = model.graph.output
         if not 0 <= self.output_index < len(outputs):
@@ -137,79 +194,63 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
             else default_weights_to_train(model, outputs[self.output_index].name)
         )
         penalty = self._penalty()
-        ranks = {i.name: len(i.dims) for i in model.graph.initializer}
-        penalized = {w: penalty for w in weights if ranks.get(w, 0) >= 2}
         taken = all_names(model)
-        return add_loss_output(
+        loss_name = unique_name("loss", taken)
+        with_loss = add_loss_output(
             model,
             self._loss(),
-            loss_name=_free(taken, "loss"),
-            label_name=_free(taken, "label"),
-            weight_name=_free(taken, self.weight_name or "sample_weight"),
-            penalty=penalized,
+            loss_name=loss_name,
+            label_name=unique_name("label", taken),
+            weight_name=unique_name(self.weight_name or "sample_weight", taken),
+            penalty={w: penalty for w in default_penalized_weights(model, weights)},
             output_index=self.output_index,
             reduction=self.reduction,
         )
+        return with_loss, loss_name
 
-    @property
-    def _loss_name(self) -> str:
-        return _free(all_names(normalise_model(self.model_onnx)), "loss")
+    def _graphs(self) -> PartialGraphs:
+        graphs = self._fit_graphs()
+        assert isinstance(graphs, PartialGraphs)
+        return graphs
 
-    def _penalized(self) -> list[str]:
-        weights, *_ = self._names()
-        shapes = {i.name: len(i.dims) for i in self._model().graph.initializer}
-        return (
-            [w for w in weights if shapes[w] >= 2]
-            if not isinstance(self._penalty(), NoLearningPenalty)
-            else []
-        )
-
-    def _forward_backward(self, device: Device, batch: int) -> tuple[ForwardBackwardGraphs, Any, Any]:
-        """The TrainingAgent for one batch size: with the batch dimension fixed, onnxruntime
-        drops the run-time shape arithmetic of the backward, as in the full loop."""
-        weights, _, _, features = self._names()
-        key = ("forward_backward", tuple(weights), str(device), batch)
-        if key not in self._graph_cache:
-            model = set_batch_dimension(self._prediction_model(), features, batch)
-            graphs = build_forward_backward(model, weights, [])
-            if device.kind == "cpu":
-                inits = {i.name: i.data_type for i in self._model().graph.initializer}
-                graphs.gradient_model = cpu_gradient_rewrites(graphs.gradient_model, inits[weights[0]])
-            sess = make_session(graphs.gradient_model, device)
-            dev = device.ort_device
-            agent = C.TrainingAgent(
-                sess,
-                [*graphs.input_names, *weights],
-                [dev] * len(graphs.output_names),
-                graphs.fetch_names,
-                [dev] * len(graphs.fetch_names),
-                0,
+    def _forward_backward(self, device: Device, batch: int) -> ForwardBackwardRunner:
+        """The forward/backward pair of one batch size: with the batch dimension fixed,
+        onnxruntime drops the run-time shape arithmetic of the backward, as in the full loop."""
+        graphs = self._graphs()
+        key = (str(device), batch)
+        if key not in graphs.forward_backward:
+            model = set_batch_dimension(graphs.prediction, graphs.inputs.features, batch)
+            graphs.forward_backward[key] = default_backend().forward_backward(
+                model, graphs.inputs.parameters, [], device
             )
-            self._graph_cache[key] = (graphs, sess, agent)
-        value: tuple[ForwardBackwardGraphs, Any, Any] = self._graph_cache[key]
-        return value
+        return graphs.forward_backward[key]
 
-    def _loss_gradient(self, batch: int, device: Device) -> tuple[ModelProto, Any]:
-        key = ("loss_gradient", batch, str(device))
-        if key not in self._graph_cache:
-            pred_model = self._prediction_model()
-            pred = pred_model.graph.output[self.output_index].name
-            pred_type, pred_shape = output_shape(pred_model, pred)
+    def _loss_gradient(self, batch: int, device: Device) -> LossGradient:
+        graphs = self._graphs()
+        key = (batch, str(device))
+        if key not in graphs.loss_gradients:
+            pred = graphs.prediction.graph.output[self.output_index].name
+            pred_type, pred_shape = output_shape(graphs.prediction, pred)
             model = build_loss_gradient_graph(self._loss(), pred_type, pred_shape, batch, self.reduction)
-            self._graph_cache[key] = (model, make_session(model, device))
-        value: tuple[ModelProto, Any] = self._graph_cache[key]
-        return value
+            graphs.loss_gradients[key] = LossGradient(model, make_session(model, device))
+        return graphs.loss_gradients[key]
 
-    def _update(self, device: Device, lr: BaseLearningRate) -> tuple[ModelProto, UpdateSignature, Any]:
-        key = ("update", str(device), repr(lr))
-        if key not in self._graph_cache:
-            weights, *_ = self._names()
-            inits = {i.name: i for i in self._model().graph.initializer}
+    def _update(self, device: Device, lr: BaseLearningRate) -> Update:
+        graphs = self._graphs()
+        key = (str(device), repr(lr))
+        if key not in graphs.updates:
+            weights = graphs.inputs.parameters
+            inits = {i.name: i for i in graphs.loss_model.graph.initializer}
             spec = [(w, inits[w].data_type, list(inits[w].dims)) for w in weights]
-            model, sig = build_update_graph(spec, lr, self._penalty(), self._penalized())
-            self._graph_cache[key] = (model, sig, make_session(model, device))
-        value: tuple[ModelProto, UpdateSignature, Any] = self._graph_cache[key]
-        return value
+            penalty = self._penalty()
+            penalized = (
+                []
+                if isinstance(penalty, NoLearningPenalty)
+                else default_penalized_weights(graphs.loss_model, weights)
+            )
+            model, sig = build_update_graph(spec, lr, penalty, penalized)
+            graphs.updates[key] = Update(model, sig, make_session(model, device))
+        return graphs.updates[key]
 
     def get_trained_onnx(self, with_probability: bool = False) -> ModelProto:
         """The prediction graph with the trained weights; ``with_probability=True`` appends the
@@ -232,7 +273,7 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
             raise ValueError(
                 f"{type(loss).__name__} applies no probability function; export without with_probability"
             )
-        raw = _free(all_names(model), f"{pred.name}_raw")
+        raw = unique_name(f"{pred.name}_raw", all_names(model))
         for node in model.graph.node:
             node.output[:] = [raw if o == pred.name else o for o in node.output]
             node.input[:] = [raw if i == pred.name else i for i in node.input]
@@ -243,16 +284,14 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
         return model
 
     def _graphs_to_save(self) -> dict[str, ModelProto]:
-        out = {"evaluation_loss": self._model()}
-        for key, value in self._graph_cache.items():
-            if not isinstance(key, tuple):
-                continue
-            if key[0] == "forward_backward":
-                out[f"forward_backward_batch{key[-1]}"] = value[0].gradient_model
-            elif key[0] == "loss_gradient":
-                out[f"loss_gradient_batch{key[1]}"] = value[0]
-            elif key[0] == "update":
-                out["penalty_and_update"] = value[0]
+        graphs = self._graphs()
+        out = {"evaluation_loss": graphs.loss_model}
+        for (_, batch), pair in graphs.forward_backward.items():
+            out[f"forward_backward_batch{batch}"] = pair.graphs.gradient_model
+        for (batch, _), loss_gradient in graphs.loss_gradients.items():
+            out[f"loss_gradient_batch{batch}"] = loss_gradient.graph
+        for update in graphs.updates.values():
+            out["penalty_and_update"] = update.graph
         return out
 
     def _make_runner(
@@ -264,33 +303,25 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
         validation: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None,
     ) -> _PartialRunner:
         sizes = sorted({e - s for s, e in store.bounds})
-        _, label, weight, features = self._names()
+        graphs = self._graphs()
         return _PartialRunner(
             store,
             state,
             device,
             lr,
             {size: self._forward_backward(device, size) for size in sizes},
-            {size: self._loss_gradient(size, device)[1] for size in sizes},
+            {size: self._loss_gradient(size, device).session for size in sizes},
             self._update(device, lr),
             self.output_index,
             self._evaluator(device) if validation is not None else None,
             validation,
-            self._loss_name,
-            [*features, label] + ([weight] if weight else []),
+            graphs.loss_name,
+            graphs.inputs.data,
         )
 
 
-def _free(taken: set[str], base: str) -> str:
-    name, i = base, 0
-    while name in taken:
-        i += 1
-        name = f"{base}_{i}"
-    return name
-
-
 class _PartialRunner(DoubleBufferedRunner):
-    """forward (TrainingAgent) -> loss graph -> backward -> penalty and update graph."""
+    """forward -> loss graph -> backward -> penalty and update graph."""
 
     def __init__(
         self,
@@ -298,17 +329,17 @@ class _PartialRunner(DoubleBufferedRunner):
         state: TrainingState,
         device: Device,
         lr: BaseLearningRate,
-        forward_backward: dict[int, tuple[ForwardBackwardGraphs, Any, Any]],
+        forward_backward: dict[int, ForwardBackwardRunner],
         loss_sessions: dict[int, Any],
-        update: tuple[ModelProto, UpdateSignature, Any],
+        update: Update,
         output_index: int,
         evaluator: Any,
         validation: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None,
         loss_name: str,
         data_names: list[str],
     ) -> None:
-        graphs = next(iter(forward_backward.values()))[0]
-        self.agents = {size: agent for size, (_, _, agent) in forward_backward.items()}
+        graphs = next(iter(forward_backward.values())).graphs
+        self.pairs = forward_backward
         super().__init__(
             store, state, device, lr, graphs.weights, evaluator, validation, loss_name, data_names
         )
@@ -321,14 +352,6 @@ class _PartialRunner(DoubleBufferedRunner):
         self.penalty_host = np.zeros((), dtype=self.dtype)
         self.penalty_value = host_ortvalue(self.penalty_host)
         self.batch_penalties = [DeviceArray.zeros((), self.dtype, device) for _ in self.batch_losses]
-        _, self.update_sig, update_sess = update
-        self.update_bindings = []
-        for parity in (0, 1):
-            b = C.SessionIOBinding(update_sess)
-            self.bind_update(b, self.update_sig, parity)
-            if self.update_sig.penalty is not None:
-                b.bind_ortvalue_output(self.update_sig.penalty, self.penalty_value)
-            self.update_bindings.append((update_sess.run_with_iobinding, b))
         n = len(store.bounds)
         self.sizes = [e - s for s, e in store.bounds]
         self.forward_inputs: list[list[Any]] = [[None] * n, [None] * n]
@@ -344,30 +367,42 @@ class _PartialRunner(DoubleBufferedRunner):
         self.weight_grads = [
             DeviceArray.zeros(self.buffers[w][0].shape, self.dtype, device) for w in self.weight_names
         ]
-        self.weight_grad_vector = _vector(g.ortvalue for g in self.weight_grads)
-        for _, binding in self.update_bindings:
+        self.weight_grad_vector = self.pairs[self.sizes[0]].vector([g.ortvalue for g in self.weight_grads])
+        self._bind_updates(update)
+
+    def _bind_updates(self, update: Update) -> None:
+        """One binding of the update graph per parity, with everything bound: the weights'
+        gradients (the backward's fixed outputs), weights, states, scalars, the penalty."""
+        self.update_sig = update.signature
+        self.update_bindings = []
+        for parity in (0, 1):
+            b = io_binding(update.session)
+            self.bind_update(b, self.update_sig, parity)
+            if self.update_sig.penalty is not None:
+                b.bind_ortvalue_output(self.update_sig.penalty, self.penalty_value)
             for name, g in zip(self.update_sig.grads, self.weight_grads):
-                binding.bind_ortvalue_input(name, g.ortvalue)
+                b.bind_ortvalue_input(name, g.ortvalue)
+            self.update_bindings.append((update.session.run_with_iobinding, b))
 
     def _allocate_outputs(self, size: int) -> None:
         """Output shapes come from one forward of the first batch of that size (its state is
         dropped without a backward)."""
         batch = self.sizes.index(size)
-        probe = C.OrtValueVector()
-        agent = self.agents[size]
-        agent.run_forward(self._forward_inputs(batch), probe, C.PartialGraphExecutionState(), None)
+        pair = self.pairs[size]
+        probe = pair.vector([])
+        pair.run_forward(self._forward_inputs(batch), probe, pair.new_state())
         shapes = [tuple(probe[k].shape()) for k in range(len(probe))]
         dtypes = [np.asarray(probe[k].numpy()).dtype for k in range(len(probe))]
         self.outputs[size] = [DeviceArray.zeros(sh, dt, self.device) for sh, dt in zip(shapes, dtypes)]
-        self.output_vectors[size] = _vector(a.ortvalue for a in self.outputs[size])
+        self.output_vectors[size] = pair.vector([a.ortvalue for a in self.outputs[size]])
         self.output_grad_buffers[size] = [
             DeviceArray.zeros(shape, self.dtype, self.device) for shape in shapes
         ]
-        self.output_grads[size] = _vector(a.ortvalue for a in self.output_grad_buffers[size])
+        self.output_grads[size] = pair.vector([a.ortvalue for a in self.output_grad_buffers[size]])
 
     def _forward_inputs(self, batch: int) -> Any:
         data = self.store.batches[batch]
-        vec = _vector(
+        vec = self.pairs[self.sizes[batch]].vector(
             [*data[: self.n_inputs], *(self.buffers[w][self.parity].ortvalue for w in self.weight_names)]
         )
         self.forward_inputs[self.parity][batch] = vec
@@ -378,7 +413,7 @@ class _PartialRunner(DoubleBufferedRunner):
         the prediction's gradient (the backward's output gradient) out, all bound once."""
         size = self.sizes[batch]
         sess = self.loss_sessions[size]
-        b = C.SessionIOBinding(sess)
+        b = io_binding(sess)
         data = self.store.batches[batch]
         b.bind_ortvalue_input("prediction", self.outputs[size][self.output_index].ortvalue)
         b.bind_ortvalue_input("label", data[self.n_inputs])
@@ -391,13 +426,13 @@ class _PartialRunner(DoubleBufferedRunner):
 
     def step(self, batch: int) -> float:
         size = self.sizes[batch]
-        state = C.PartialGraphExecutionState()
-        agent = self.agents[size]
+        pair = self.pairs[size]
+        state = pair.new_state()
         vin = self.forward_inputs[self.parity][batch] or self._forward_inputs(batch)
-        agent.run_forward(vin, self.output_vectors[size], state, None)
+        pair.run_forward(vin, self.output_vectors[size], state)
         run_loss, loss_binding = self.loss_entries[batch] or self._loss_entry(batch)
         run_loss(loss_binding, None)
-        agent.run_backward(self.output_grads[size], self.weight_grad_vector, state)
+        pair.run_backward(self.output_grads[size], self.weight_grad_vector, state)
         run_update, update_binding = self.update_bindings[self.parity]
         if self.per_step_scalars:
             self._write_scalars()
@@ -415,10 +450,3 @@ class _PartialRunner(DoubleBufferedRunner):
         if self.update_sig.penalty is not None:
             losses += [float(a.read()) for a in self.batch_penalties[first:n_done]]
         return losses
-
-
-def _vector(values: Any) -> Any:
-    vec = C.OrtValueVector()
-    for ov in values:
-        vec.push_back(ov)
-    return vec

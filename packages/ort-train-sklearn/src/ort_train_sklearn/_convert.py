@@ -65,6 +65,7 @@ from ort_train_core.graph import (
     normalise_model,
     nothing_to_train_error,
     prune_to_outputs,
+    unique_name,
 )
 
 from ._graphs import probabilities
@@ -457,12 +458,7 @@ class _Namer:
         self._taken = set(taken)
 
     def __call__(self, hint: str) -> str:
-        candidate, i = hint, 0
-        while candidate in self._taken:
-            i += 1
-            candidate = f"{hint}_{i}"
-        self._taken.add(candidate)
-        return candidate
+        return unique_name(hint, self._taken)
 
 
 def _constant(namer: _Namer, value: np.ndarray, hint: str) -> tuple[NodeProto, str]:

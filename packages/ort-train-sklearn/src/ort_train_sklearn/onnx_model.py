@@ -14,6 +14,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ort_train_core import BaseLearningRate, LearningRateAdam, LearningRateSGD, LearningRateSGDNesterov
+from ort_train_core.graph import default_penalized_weights
 
 from ._base import (
     _COMMON_CONSTRAINTS,
@@ -93,8 +94,7 @@ class _OnnxModelBase(OrtEstimatorMixin):
         )
 
     def _penalized_weights(self, model: ModelProto) -> list[str]:
-        ranks = {i.name: len(i.dims) for i in model.graph.initializer}
-        return [w for w in self._trained_weights(model) if ranks.get(w, 0) >= 2]
+        return default_penalized_weights(model, self._trained_weights(model))
 
     def _penalty(self, scale: float, batch_weight: float) -> tuple[float, float]:
         return 0.0, float(self.alpha)

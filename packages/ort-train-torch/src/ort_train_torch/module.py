@@ -22,8 +22,7 @@ from onnx import ModelProto, TensorProto
 from torch import nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from ort_train_core import OrtGradientForwardBackward, describe_non_finite, load_model
-from ort_train_core._runtime import C
+from ort_train_core import OrtGradientForwardBackward, describe_non_finite, load_model, ortvalue_from_dlpack
 from ort_train_core.exceptions import GraphNotDifferentiableError
 from ort_train_core.graph import (
     initializer_values,
@@ -75,7 +74,7 @@ def ortvalue_from_tensor(tensor: torch.Tensor) -> Any:
     if is_bool:
         t = t.to(torch.uint8)
     try:
-        return C.OrtValue.from_dlpack(_to_dlpack(t), is_bool)
+        return ortvalue_from_dlpack(_to_dlpack(t), is_bool)
     except RuntimeError:
         if t.numel():
             raise
@@ -83,7 +82,7 @@ def ortvalue_from_tensor(tensor: torch.Tensor) -> Any:
         # over an empty batch is an expanded one) but onnxruntime checks the strides: an empty
         # tensor has no data to keep, a fresh one with row-major strides does
         fresh = torch.empty(t.shape, dtype=t.dtype, device=t.device)
-        return C.OrtValue.from_dlpack(_to_dlpack(fresh), is_bool)
+        return ortvalue_from_dlpack(_to_dlpack(fresh), is_bool)
 
 
 def wait_for_torch(device: torch.device) -> None:

@@ -1,0 +1,674 @@
+"""The onnxruntime-training 1.19.2 gradient backend: everything of the gradient room that is
+specific to that runtime.
+
+- the fused step and the partial loop's small graphs: ``GradientGraphBuilder``;
+- the forward/backward pair: ``OrtModuleGraphBuilder``, run by a ``TrainingAgent`` with a
+  ``PartialGraphExecutionState`` per forward and ``OrtValueVector`` feeds and fetches;
+- the rewrites around them: forms it differentiates wrongly (``_grad_rewrites``, before), and
+  after: its shape arithmetic folded for fixed batches, its com.microsoft gradient operators
+  without a double kernel written with standard ones, and its slowest CPU kernels replaced.
+
+Trainers reach it only through :class:`~._gradient.GradientBackend`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import ModelProto, helper, numpy_helper
+
+from ._binding import make_session
+from ._builder import NodeBuilder
+from ._grad_rewrites import rewrite_for_gradient
+from ._gradient import ForwardBackwardGraphs, FusedStepSignature, fused_step_from_gradients
+from ._runtime import Device, ort_capi
+from .exceptions import GraphNotDifferentiableError
+from .graph import (
+    MAX_IR_VERSION,
+    all_names,
+    check_differentiable,
+    check_no_control_flow,
+    value_types,
+)
+from .learning_rate import BaseLearningRate
+
+
+class OrtTrainingBackend:
+    """onnxruntime-training's gradient builders behind :class:`~._gradient.GradientBackend`.
+
+    Attributes
+    ----------
+    name : str
+        ``'onnxruntime-training'``.
+    """
+
+    name: str = "onnxruntime-training"
+
+    def gradient_graph(self, model: ModelProto, loss_name: str, names: Sequence[str]) -> ModelProto:
+        """``model`` plus one output ``<name>_grad`` per name (graph inputs), the loss kept
+        (GradientGraphBuilder, whose graph holds com.microsoft gradient operators).
+
+        Parameters
+        ----------
+        model : onnx.ModelProto
+            The graph, ``names`` among its inputs.
+        loss_name : str
+            The scalar output to differentiate.
+        names : sequence of str
+            The inputs to differentiate with respect to.
+
+        Returns
+        -------
+        onnx.ModelProto
+            The gradient graph.
+
+        Raises
+        ------
+        GraphNotDifferentiableError
+            When an operator on the way has no gradient, naming it.
+        """
+        check_differentiable(model, names, loss_name)
+        check_no_control_flow(model, names, loss_name)  # else raw C++ text or a process abort
+        model = rewrite_for_gradient(model, names)  # forms onnxruntime differentiates wrongly
+        seeded, seed = _float_loss_seed(model, loss_name)
+        so = ort_capi.SessionOptions()
+        so.log_severity_level = 3
+        try:
+            builder = ort_capi.GradientGraphBuilder(
+                seeded.SerializeToString(), {loss_name, seed}, set(names), seed, so
+            )
+            builder.build()
+        except Exception as exc:  # onnxruntime raises RuntimeError/Fail with C++ context
+            text = str(exc)
+            gap = _gradient_gap(text)
+            if gap:
+                raise GraphNotDifferentiableError(gap) from exc
+            raise GraphNotDifferentiableError(
+                f"onnxruntime could not build the gradient graph: {text.splitlines()[0]}"
+            ) from exc
+        out = onnx.load_from_string(builder.get_model())
+        out.ir_version = min(out.ir_version, MAX_IR_VERSION)
+        if seed != loss_name:
+            kept = [o for o in out.graph.output if o.name != seed]
+            del out.graph.output[:]
+            out.graph.output.extend(kept)
+        return fold_static_shapes(double_gradient_rewrites(out, _output_type(model, loss_name)))
+
+    def fused_step(
+        self,
+        loss_model: ModelProto,
+        loss_name: str,
+        weights: Sequence[str],
+        learning_rate: BaseLearningRate,
+        device: Device,
+    ) -> tuple[ModelProto, FusedStepSignature]:
+        """The fused step graph (:func:`~._gradient.fused_step_from_gradients`) of the gradient
+        graph, with :func:`cpu_gradient_rewrites` on CPU.
+
+        Parameters
+        ----------
+        loss_model : onnx.ModelProto
+            The loss graph, weights as inputs (a fixed batch dimension lets the shape
+            arithmetic of the gradient fold away).
+        loss_name : str
+            The loss output.
+        weights : sequence of str
+            The trained weights.
+        learning_rate : BaseLearningRate
+            Writes the update nodes.
+        device : Device
+            Where the graph will run.
+
+        Returns
+        -------
+        (onnx.ModelProto, FusedStepSignature)
+            The graph and the names of its inputs and outputs.
+        """
+        gradients = self.gradient_graph(loss_model, loss_name, weights)
+        graph, sig = fused_step_from_gradients(gradients, loss_name, weights, learning_rate)
+        if device.kind == "cpu":
+            graph = cpu_gradient_rewrites(graph, _output_type(graph, loss_name))
+        return graph, sig
+
+    def forward_backward(
+        self,
+        model: ModelProto,
+        weights: Sequence[str],
+        inputs_requiring_grad: Sequence[str],
+        device: Device,
+        types: Mapping[str, int] | None = None,
+        reuse_memory: bool = True,
+    ) -> TrainingAgentRunner:
+        """The forward/backward pair of ``model`` (OrtModuleGraphBuilder) with its TrainingAgent.
+
+        Parameters
+        ----------
+        model : onnx.ModelProto
+            The graph, weights as initializers.
+        weights : sequence of str
+            The trained weights, fed after the inputs in this order.
+        inputs_requiring_grad : sequence of str
+            The inputs whose gradient the backward returns too.
+        device : Device
+            Where it runs; on CPU the gradient graph gets :func:`cpu_gradient_rewrites`.
+        types : mapping of str to int or None, default=None
+            :func:`graph.value_types` of ``model``, when the caller has them.
+        reuse_memory : bool, default=True
+            False when the forward's outputs outlive the backward (see
+            :func:`~._binding.make_session`).
+
+        Returns
+        -------
+        TrainingAgentRunner
+            The pair, ready to run.
+
+        Raises
+        ------
+        GraphNotDifferentiableError
+            When onnxruntime cannot build it; ``.weight`` names a weight without gradient.
+        """
+        types = value_types(model) if types is None else types
+        graphs = _module_graphs(model, weights, inputs_requiring_grad, types)
+        if device.kind == "cpu" and weights:
+            elem_type = types.get(weights[0], onnx.TensorProto.FLOAT)
+            graphs.gradient_model = cpu_gradient_rewrites(graphs.gradient_model, elem_type)
+        session = make_session(graphs.gradient_model, device, reuse_memory=reuse_memory)
+        return TrainingAgentRunner(graphs, session, device)
+
+
+class TrainingAgentRunner:
+    """A forward/backward pair run by onnxruntime-training's TrainingAgent
+    (:class:`~._gradient.ForwardBackwardRunner`).
+
+    Parameters
+    ----------
+    graphs : ForwardBackwardGraphs
+        The pair.
+    session : onnxruntime InferenceSession
+        A session of ``graphs.gradient_model``.
+    device : Device
+        Where the forward's outputs and the gradients are placed.
+
+    Attributes
+    ----------
+    graphs : ForwardBackwardGraphs
+        The pair.
+    session : onnxruntime InferenceSession
+        Its session.
+    new_state : callable
+        A fresh ``PartialGraphExecutionState``, one per forward.
+    run_backward : callable
+        ``(output_grads, grads, state)``: the TrainingAgent's own backward.
+    """
+
+    def __init__(self, graphs: ForwardBackwardGraphs, session: Any, device: Device) -> None:
+        dev = device.ort_device
+        agent = ort_capi.TrainingAgent(
+            session,
+            [*graphs.input_names, *graphs.weights],
+            [dev] * len(graphs.output_names),
+            graphs.fetch_names,
+            [dev] * len(graphs.fetch_names),
+            0,
+        )
+        self.graphs = graphs
+        self.session = session
+        self._agent = agent
+        self._forward = agent.run_forward
+        # the agent's and the runtime's own callables: no Python frame of ours per step
+        self.new_state: Callable[[], Any] = ort_capi.PartialGraphExecutionState
+        self.run_backward: Callable[[Any, Any, Any], None] = agent.run_backward
+
+    def run_forward(self, inputs: Any, outputs: Any, state: Any) -> None:
+        """Fills ``outputs`` from ``inputs`` (the inputs, then the weights), keeping in
+        ``state`` what the backward needs.
+
+        Parameters
+        ----------
+        inputs, outputs : OrtValueVector
+            From :meth:`vector`.
+        state : PartialGraphExecutionState
+            From :meth:`new_state`.
+        """
+        self._forward(inputs, outputs, state, None)
+
+    @staticmethod
+    def vector(values: Sequence[Any]) -> Any:
+        """An ``OrtValueVector`` of ``values``.
+
+        Parameters
+        ----------
+        values : sequence of OrtValue
+            Its content (empty for an output vector the runner fills).
+
+        Returns
+        -------
+        OrtValueVector
+            The vector (which does not keep the values alive: the caller does).
+        """
+        vec = ort_capi.OrtValueVector()
+        vec.reserve(len(values))
+        for ov in values:
+            vec.push_back(ov)
+        return vec
+
+
+def _output_type(model: ModelProto, name: str) -> int:
+    return int(next(o.type.tensor_type.elem_type for o in model.graph.output if o.name == name))
+
+
+def _float_loss_seed(model: ModelProto, loss_name: str) -> tuple[ModelProto, str]:
+    """``model`` and the name of the loss the gradient builder starts from.
+
+    onnxruntime-training 1.19 seeds the gradient of the loss with a float tensor whatever the
+    loss type, so a double loss fails to build ("Type (tensor(double)) of output arg
+    (<loss>_grad) does not match expected type (tensor(float))"). A double (or half) loss gets
+    a float copy, ``Cast(loss, float)``, to start from: the seed is 1 and the gradient of a Cast
+    is a Cast back, so every gradient stays in the loss's own type, exactly.
+    """
+    loss_type = next(
+        (o.type.tensor_type.elem_type for o in model.graph.output if o.name == loss_name),
+        onnx.TensorProto.FLOAT,
+    )
+    if loss_type == onnx.TensorProto.FLOAT:
+        return model, loss_name
+    out = ModelProto()
+    out.CopyFrom(model)
+    b = NodeBuilder(onnx.TensorProto.FLOAT, 17, all_names(out), prefix="seed_")
+    seed = b.cast(loss_name, hint=f"{loss_name}_float")
+    out.graph.node.extend(b.nodes)
+    out.graph.output.append(helper.make_tensor_value_info(seed, onnx.TensorProto.FLOAT, []))
+    return out, seed
+
+
+#: how onnxruntime-training 1.19 says that a trained initializer gets no gradient
+_NO_GRADIENT_MESSAGES = (
+    re.compile(r"Cannot compute the partial derivative for '([^']+)'"),
+    re.compile(r"failed to find NodeArg by name: (\S+)_grad\b"),
+)
+
+
+#: onnxruntime-training's words for an operator it has no gradient for (the node name is empty
+#: for an unnamed node)
+_NOT_REGISTERED = re.compile(r"has not been registered: (\S+) for node ?(\S*)")
+
+
+def _gradient_gap(text: str) -> str | None:
+    """The message, naming the operator and the fix, for an onnxruntime error that says an
+    operator on the path to the loss has no gradient; None for other errors."""
+    missing = _NOT_REGISTERED.findall(text)
+    if missing:
+        named = [f"operator {op}" + (f" (node {node!r})" if node else "") for op, node in missing]
+        detail = "; ".join(f"{what} has no gradient in onnxruntime-training" for what in named)
+        return (
+            f"the gradient graph cannot be built; {detail}: leave the weights before it out of "
+            "weights_to_train, or write that step with operators that have one"
+        )
+    return None
+
+
+def _build_error(exc: Exception, weights: Sequence[str]) -> GraphNotDifferentiableError:
+    """onnxruntime's build failure as a GraphNotDifferentiableError; one that comes down to a
+    weight without gradient names it (``.weight``) and the fix."""
+    message = str(exc)
+    for pattern in _NO_GRADIENT_MESSAGES:
+        found = pattern.search(message)
+        if found and found.group(1) in weights:
+            weight = found.group(1)
+            return GraphNotDifferentiableError(
+                f"onnxruntime gives weight {weight!r} no gradient: it reaches the outputs only through "
+                "inputs onnxruntime does not differentiate (a BatchNormalization's statistics, a Clip's "
+                "bounds, a comparison); leave it out of weights_to_train",
+                weight=weight,
+            )
+    gap = _gradient_gap(message)
+    if gap:
+        return GraphNotDifferentiableError(gap)
+    first = message.splitlines()[0] if message else type(exc).__name__
+    return GraphNotDifferentiableError(f"onnxruntime could not build the forward/backward graphs: {first}")
+
+
+def _module_graphs(
+    model: ModelProto,
+    weights: Sequence[str],
+    inputs_requiring_grad: Sequence[str],
+    types: Mapping[str, int],
+) -> ForwardBackwardGraphs:
+    """onnxruntime-training's OrtModuleGraphBuilder; the weight order is the caller's."""
+    for out in model.graph.output:
+        check_differentiable(model, weights, out.name, types)
+    cfg = ort_capi.OrtModuleGraphBuilderConfiguration()
+    cfg.initializer_names = list(weights)
+    cfg.initializer_names_to_train = list(weights)
+    cfg.input_names_require_grad = list(inputs_requiring_grad)
+    # forms onnxruntime differentiates wrongly, rewritten (same names, values and weights)
+    rewritten = rewrite_for_gradient(model, [*weights, *inputs_requiring_grad])
+    builder = ort_capi.OrtModuleGraphBuilder()
+    try:
+        builder.initialize(rewritten.SerializeToString(), cfg)
+        builder.build(ort_capi.TrainingGraphTransformerConfiguration())
+    except Exception as exc:
+        raise _build_error(exc, weights) from exc
+    info = builder.get_graph_info()
+    grad_model = onnx.load_from_string(builder.get_gradient_model())
+    grad_model.ir_version = min(grad_model.ir_version, MAX_IR_VERSION)
+    if weights:
+        grad_model = double_gradient_rewrites(grad_model, types.get(weights[0], onnx.TensorProto.FLOAT))
+    return ForwardBackwardGraphs(
+        gradient_model=grad_model,
+        input_names=list(info.user_input_names),
+        output_names=list(info.user_output_names),
+        weights=list(weights),
+        input_grad_names=[n for n in info.user_input_names if n in info.user_input_grad_names],
+        fetch_names=[o.name for o in grad_model.graph.output],
+        non_differentiable_outputs=frozenset(info.output_grad_indices_non_differentiable),
+    )
+
+
+def fold_static_shapes(model: ModelProto) -> ModelProto:
+    """Turns the gradient builder's run-time shape arithmetic into constants where the batch
+    dimension is fixed, so that onnxruntime's constant folding removes it.
+
+    The builder differentiates reductions with ``Shape``/``Size`` -> ``Scale`` -> ``Expand``
+    chains even when every shape is known. onnxruntime folds ``Shape`` of a static tensor but
+    neither ``Size`` nor the com.microsoft ``Scale``, so the chain ran as three to five kernels
+    per step. Here ``Shape``/``Size`` of fully known shapes become ``Constant`` nodes and
+    ``Scale`` becomes ``Cast`` + ``Div``/``Mul`` (standard ops, same values): the whole chain
+    then folds into one constant. Graphs with a dynamic batch dimension only get the ``Scale``
+    rewrite.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        A gradient graph.
+
+    Returns
+    -------
+    onnx.ModelProto
+        A rewritten copy, or ``model`` itself when there is nothing to rewrite.
+    """
+    wanted = {("", "Shape"), ("", "Size"), ("ai.onnx", "Shape"), ("ai.onnx", "Size")}
+    wanted.add(("com.microsoft", "Scale"))
+    if not any((n.domain, n.op_type) in wanted for n in model.graph.node):
+        return model
+    shapes, elem_types = _static_shapes(model)
+    out = ModelProto()
+    out.CopyFrom(model)
+    names = NodeBuilder(onnx.TensorProto.FLOAT, 17, all_names(out), prefix="static_")
+    nodes: list[onnx.NodeProto] = []
+    for node in out.graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if node.domain in ("", "ai.onnx") and node.op_type in ("Shape", "Size") and node.input[0] in shapes:
+            dims = shapes[node.input[0]]
+            if node.op_type == "Size":
+                value = np.array(int(np.prod(dims, dtype=np.int64)), dtype=np.int64)
+            else:
+                start, end = int(attrs.get("start", 0)), attrs.get("end")
+                value = np.array(dims[start : None if end is None else int(end)], dtype=np.int64)
+            const = numpy_helper.from_array(value)
+            nodes.append(helper.make_node("Constant", [], list(node.output), name=node.name, value=const))
+        elif node.domain == "com.microsoft" and node.op_type == "Scale" and node.input[0] in elem_types:
+            factor, to = names.name("scale_factor"), elem_types[node.input[0]]
+            cast = helper.make_node("Cast", [node.input[1]], [factor], name=names.name("n_Cast"), to=to)
+            nodes.append(cast)
+            op = "Div" if attrs.get("scale_down", 0) else "Mul"
+            nodes.append(helper.make_node(op, [node.input[0], factor], list(node.output), name=node.name))
+        else:
+            nodes.append(node)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out
+
+
+def _static_shapes(model: ModelProto) -> tuple[dict[str, list[int]], dict[str, int]]:
+    """(fully known shapes, element types) of the values onnx's shape inference types;
+    com.microsoft outputs stay unknown."""
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False).graph
+    shapes: dict[str, list[int]] = {i.name: list(i.dims) for i in inferred.initializer}
+    elem_types: dict[str, int] = {i.name: i.data_type for i in inferred.initializer}
+    for vi in [*inferred.input, *inferred.value_info, *inferred.output]:
+        tt = vi.type.tensor_type
+        if tt.elem_type:
+            elem_types[vi.name] = tt.elem_type
+        if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
+            shapes[vi.name] = [d.dim_value for d in tt.shape.dim]
+    return shapes, elem_types
+
+
+def cpu_gradient_rewrites(model: ModelProto, elem_type: int) -> ModelProto:
+    """The rewrites every CPU gradient graph gets (fused step, forward/backward, either batch
+    dimension): ReLU gradients (:func:`cpu_relu_grad`) and bias-gradient sums
+    (:func:`cpu_row_sums`), onnxruntime's slowest CPU kernels in those graphs.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        A gradient graph.
+    elem_type : int
+        The ONNX element type of its weights.
+
+    Returns
+    -------
+    onnx.ModelProto
+        The rewritten graph (``model`` itself when nothing applies).
+    """
+    return cpu_row_sums(cpu_relu_grad(model, elem_type), elem_type)
+
+
+def cpu_relu_grad(model: ModelProto, elem_type: int) -> ModelProto:
+    """Replaces com.microsoft ReluGrad(dY, X) with Mul(dY, Ceil(Clip(X, 0, 1))).
+
+    The mask is exactly 1 where X > 0 (subnormals too) and 0 elsewhere, as ReluGrad's, for X of
+    any sign. onnxruntime's CPU ReluGrad branches per element, which is slow on activations of
+    mixed signs; Clip and Ceil are faster than the Cast(Greater(X, 0)) form, whose Cast and
+    Greater are slow CPU kernels too (benchmarks/results).
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        A gradient graph.
+    elem_type : int
+        The ONNX element type of the activations.
+
+    Returns
+    -------
+    onnx.ModelProto
+        A rewritten copy, or ``model`` itself without ReluGrad.
+    """
+    if not any(n.op_type == "ReluGrad" for n in model.graph.node):
+        return model
+    out = ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    b = NodeBuilder(elem_type, 17, all_names(out), prefix="relugrad_")
+    zero, one = b.const(0.0, "zero"), b.const(1.0, "one")
+    nodes = list(b.nodes)
+    for node in g.node:
+        if node.op_type != "ReluGrad" or node.domain != "com.microsoft":
+            nodes.append(node)
+            continue
+        dy, x = node.input
+        b.nodes = []
+        mask = b.op("Ceil", [b.op("Clip", [x, zero, one], "clipped")], "mask")
+        b.nodes.append(helper.make_node("Mul", [dy, mask], [node.output[0]], name=b.name("n_Mul")))
+        nodes.extend(b.nodes)
+    del g.node[:]
+    g.node.extend(nodes)
+    return out
+
+
+def cpu_row_sums(model: ModelProto, elem_type: int) -> ModelProto:
+    """Replaces ReduceSum(X, axes=[0]) of a 2-D X, [B, N] with N > 1, by MatMul(ones(B), X)
+    (ones(1, B) with keepdims): the bias gradients. Same sums.
+
+    onnxruntime's CPU ReduceSum over a strided leading axis is several times slower than the
+    MatMul. With N = 1 the sum is contiguous and ReduceSum is faster: those stay, as does any
+    sum whose input shape the graph does not record. A fixed B gets constant ones; a free B
+    (``OrtGradientForwardBackward``, whose batch varies) gets ones made at run time from the
+    shape of the graph input that carries the same batch dimension (Shape, Gather,
+    ConstantOfShape, once per step).
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        A gradient graph.
+    elem_type : int
+        The ONNX element type of its weights (float or double; others are left alone).
+
+    Returns
+    -------
+    onnx.ModelProto
+        A rewritten copy, or ``model`` itself when no sum qualifies.
+    """
+    g = model.graph
+    sums = {k: n for k, n in enumerate(g.node) if n.op_type == "ReduceSum"}
+    if elem_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE) or not sums:
+        return model
+    rows_of = _RowSums(g, sums.values(), elem_type)
+    found = {k: r for k, n in sums.items() if (r := rows_of(n))}
+    if not found:
+        return model
+    out = ModelProto()
+    out.CopyFrom(model)
+    b = NodeBuilder(elem_type, 17, all_names(out), prefix="rowsum_")
+    ones: dict[tuple[int | str, int], str] = {}
+    nodes = list(out.graph.node)
+    for k, (rows, keepdims) in found.items():
+        if (rows, keepdims) not in ones:
+            ones[rows, keepdims] = _ones(b, rows, keepdims, rows_of.batch_source)
+        node = nodes[k]
+        matmul = [ones[rows, keepdims], node.input[0]]
+        nodes[k] = helper.make_node("MatMul", matmul, list(node.output), name=b.name("n_MatMul"))
+    del out.graph.node[:]
+    out.graph.node.extend([*b.nodes, *nodes])  # b.nodes: the ones (from graph inputs only), first
+    return out
+
+
+class _RowSums:
+    """Tells which ReduceSum nodes of a gradient graph sum a [B, N] over its first axis, from
+    the shapes onnxruntime's gradient builder recorded (onnx's shape inference would cost
+    more than the rewrite saves on small graphs). A dimension is its size, or its symbol when
+    free; a free batch dimension is read from a graph input whose first dimension has that
+    symbol (``batch_source``)."""
+
+    def __init__(self, g: onnx.GraphProto, sums: Any, elem_type: int) -> None:
+        sums = list(sums)
+        wanted = {n.input[0] for n in sums}
+        self.shapes: dict[str, list[int | str]] = {
+            vi.name: [
+                d.dim_value if d.HasField("dim_value") else d.dim_param for d in vi.type.tensor_type.shape.dim
+            ]
+            for vi in [*g.input, *g.value_info]
+            if vi.name in wanted and vi.type.tensor_type.elem_type == elem_type
+        }
+        self.batch_source: dict[str, str] = {}
+        for vi in g.input:
+            dims = vi.type.tensor_type.shape.dim
+            if dims and dims[0].dim_param and not dims[0].HasField("dim_value"):
+                self.batch_source.setdefault(dims[0].dim_param, vi.name)
+        axes_inputs = {n.input[1] for n in sums if len(n.input) > 1}
+        self.consts = {i.name: numpy_helper.to_array(i) for i in g.initializer if i.name in axes_inputs}
+        self.consts.update(
+            (n.output[0], numpy_helper.to_array(n.attribute[0].t))
+            for n in g.node
+            if n.op_type == "Constant" and n.output[0] in axes_inputs and n.attribute[0].name == "value"
+        )
+
+    def __call__(self, node: onnx.NodeProto) -> tuple[int | str, int] | None:
+        """(B or its symbol, keepdims) when ``node`` sums a [B, N] over its first axis."""
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if len(node.input) > 1:
+            if node.input[1] not in self.consts:
+                return None
+            axes = [int(a) for a in np.atleast_1d(self.consts[node.input[1]])]
+        else:
+            axes = list(attrs.get("axes", []))
+        shape = self.shapes.get(node.input[0])
+        if axes not in ([0], [-2]) or not shape or len(shape) != 2:
+            return None
+        rows, cols = shape
+        if not isinstance(cols, int) or cols < 2:
+            return None
+        if rows in (0, "") or (isinstance(rows, str) and rows not in self.batch_source):
+            return None
+        return rows, int(attrs.get("keepdims", 1))
+
+
+def _ones(b: NodeBuilder, rows: int | str, keepdims: int, batch_source: Mapping[str, str]) -> str:
+    """ones(1, B) (keepdims) or ones(B): a constant for a fixed B, else made from the shape of
+    the graph input that carries the batch dimension ``rows``."""
+    if isinstance(rows, int):
+        return b.const(np.ones((1, rows) if keepdims else (rows,)), "ones")
+    size = b.op("Gather", [b.op("Shape", [batch_source[rows]]), b.int_const([0], "first")], "rows")
+    if keepdims:
+        size = b.op("Concat", [b.int_const([1], "one_row"), size], "rows", axis=0)
+    one = numpy_helper.from_array(np.ones(1, dtype=b.np_dtype), "one")
+    return b.op("ConstantOfShape", [size], "ones", value=one)
+
+
+def double_gradient_rewrites(model: ModelProto, elem_type: int) -> ModelProto:
+    """In a double gradient graph, the com.microsoft gradient operators onnxruntime-training 1.19
+    has no double CPU kernel for, written with standard operators (same math):
+
+    - ``SoftmaxGrad_13(dY, Y)``: ``Y * (dY - ReduceSum(dY * Y, axis))``;
+    - ``LogSoftmaxGrad_13(dY, Y)``: ``dY - Exp(Y) * ReduceSum(dY, axis)``;
+    - ``LeakyReluGrad(dY, Y)``: ``Where(Y > 0, dY, alpha * dY)``.
+
+    Float graphs keep onnxruntime's kernels. Operators without a double kernel at all (``Erf``,
+    ``Cos``) are named by :func:`~._binding.make_session` when the session is created.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        A gradient graph.
+    elem_type : int
+        The ONNX element type of its weights: only double graphs are rewritten.
+
+    Returns
+    -------
+    onnx.ModelProto
+        A rewritten copy, or ``model`` itself.
+    """
+    wanted = {"SoftmaxGrad_13", "LogSoftmaxGrad_13", "LeakyReluGrad"}
+    if elem_type != onnx.TensorProto.DOUBLE or not any(
+        n.domain == "com.microsoft" and n.op_type in wanted for n in model.graph.node
+    ):
+        return model
+    out = ModelProto()
+    out.CopyFrom(model)
+    opset = next((o.version for o in out.opset_import if o.domain in ("", "ai.onnx")), 17)
+    b = NodeBuilder(elem_type, opset, all_names(out), prefix="f64grad_")
+    nodes: list[onnx.NodeProto] = []
+    for node in out.graph.node:
+        if node.domain != "com.microsoft" or node.op_type not in wanted:
+            nodes.append(node)
+            continue
+        b.nodes = []
+        op_type, inputs = _standard_gradient(b, node)
+        b.nodes.append(helper.make_node(op_type, inputs, [node.output[0]], name=b.name(f"n_{node.op_type}")))
+        nodes.extend(b.nodes)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out
+
+
+def _standard_gradient(b: NodeBuilder, node: onnx.NodeProto) -> tuple[str, list[str]]:
+    """The last operator and its inputs of ``node``'s math in standard operators (the nodes
+    before it go to ``b``)."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    dy, y = node.input[0], node.input[1]
+    if node.op_type == "SoftmaxGrad_13":
+        axis = int(attrs.get("axis", -1))
+        dot = b.reduce("ReduceSum", b.op("Mul", [dy, y], "dy_y"), [axis], 1, "dy_y_sum")
+        return "Mul", [y, b.op("Sub", [dy, dot], "centred")]
+    if node.op_type == "LogSoftmaxGrad_13":
+        axis = int(attrs.get("axis", -1))
+        total = b.reduce("ReduceSum", dy, [axis], 1, "dy_sum")
+        return "Sub", [dy, b.op("Mul", [b.op("Exp", [y], "softmax"), total], "spread")]
+    alpha = b.const(float(attrs.get("alpha", 0.01)), "alpha")
+    positive = b.op("Greater", [y, b.const(0.0, "zero")], "positive")
+    return "Where", [positive, dy, b.op("Mul", [dy, alpha], "dy_alpha")]
