@@ -278,7 +278,9 @@ class BatchStore:
             for s, e in self.bounds:
                 views = [buf[: e - s] for buf in self.buffers] if shuffle else [a[s:e] for a in arrays]
                 self._keep.append(views)
-                self.batches.append([ort_capi.OrtValue.ortvalue_from_numpy(v, device.ort_device) for v in views])
+                self.batches.append(
+                    [ort_capi.OrtValue.ortvalue_from_numpy(v, device.ort_device) for v in views]
+                )
         elif not shuffle:
             self.buffers = []
             self._keep = [[DeviceArray(a[s:e], device) for a in arrays] for s, e in self.bounds]
