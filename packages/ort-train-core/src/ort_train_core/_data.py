@@ -101,72 +101,113 @@ def _check_finite(name: str, arr: np.ndarray) -> None:
 def check_fit_arrays(
     spec: DataSpec, X: Any, y: Any, sample_weight: Any = None, prefix: str = ""
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Validated C-contiguous copies (or views) in the graph's dtypes; never trains on garbage."""
-    Xa = _as_numeric(f"{prefix}X", X)
-    if Xa.ndim != 2:
-        raise ValueError(f"{prefix}X must be 2-D (n_samples, n_features), got shape {Xa.shape}")
-    n = Xa.shape[0]
-    if n == 0:
-        raise ValueError(f"{prefix}X has no rows")
-    if spec.n_features is not None and Xa.shape[1] != spec.n_features:
-        raise ValueError(f"{prefix}X has {Xa.shape[1]} features but the model expects {spec.n_features}")
-    _check_finite(f"{prefix}X", Xa)
-    Xc = cast_checked(f"{prefix}X", Xa, spec.feature_dtype)
+    """Validated C-contiguous copies (or views) in the graph's dtypes; never trains on garbage.
+
+    Parameters
+    ----------
+    spec : DataSpec
+        What the graph expects.
+    X : array-like of shape (n_samples, n_features)
+        The features.
+    y : array-like of shape (n_samples, ...)
+        The labels: class indices for an integer label, else values of the label's shape.
+    sample_weight : array-like of shape (n_samples,), optional
+        Weights >= 0, not all zero; ones when the graph has a sample-weight input and none is
+        given.
+    prefix : str, optional
+        Prepended to the names in the messages (``'validation '``).
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        X, y and the sample weights (None when the graph takes none).
+
+    Raises
+    ------
+    ValueError
+        Wrong shapes, NaN or inf, values beyond the graph's dtype, bad class indices or
+        weights, a sample weight for a graph without one.
+    TypeError
+        Values that are not real numbers (strings, objects, complex, durations, masked).
+    """
+    Xc = _check_X(spec, X, prefix)
+    n = Xc.shape[0]
     ya = _as_numeric(f"{prefix}y", y)
     if ya.ndim == 0 or ya.shape[0] != n:
         raise ValueError(f"{prefix}y has {ya.shape[0] if ya.ndim else 0} rows but X has {n}")
     _check_finite(f"{prefix}y", ya)
     if np.issubdtype(spec.label_dtype, np.integer):
-        if ya.ndim != 1:
-            ya = ya.reshape(n, -1)
-            if ya.shape[1] != 1:
-                raise ValueError(f"{prefix}y must hold one class index per row, got shape {ya.shape}")
-            ya = ya[:, 0]
-        if np.issubdtype(ya.dtype, np.floating) and not np.array_equal(ya, np.round(ya)):
-            raise ValueError(f"{prefix}y must hold integer class indices for this loss, got fractions")
-        if (ya < 0).any():
-            raise ValueError(f"{prefix}y holds negative class indices; encode classes as 0..K-1")
-        if spec.n_classes is not None and ya.size and ya.max() >= spec.n_classes:
-            raise ValueError(
-                f"{prefix}y holds class index {int(ya.max())} but the model predicts {spec.n_classes} "
-                f"classes; encode classes as 0..{spec.n_classes - 1}"
-            )
-        # without n_classes, a huge index would wrap around (or be undefined) in the cast
-        top = np.iinfo(spec.label_dtype).max
-        if ya.size and ya.max() > top:
-            raise ValueError(
-                f"{prefix}y holds class index {ya.max()} beyond the label type {spec.label_dtype}"
-            )
-        yc = np.ascontiguousarray(ya, dtype=spec.label_dtype)
+        yc = _check_class_indices(spec, ya, prefix)
     else:
-        tail = spec.label_tail
-        if ya.ndim == 1 and len(tail) == 1 and tail[0] in (1, None):
-            ya = ya.reshape(n, 1)
-        elif ya.ndim == 2 and not tail and ya.shape[1] == 1:
-            ya = ya[:, 0]
-        if ya.ndim != len(tail) + 1 or any(d is not None and d != k for d, k in zip(tail, ya.shape[1:])):
-            want = ", ".join(["n", *(str(d) if d is not None else "?" for d in tail)])
-            raise ValueError(f"{prefix}y has shape {ya.shape} but the model's label expects ({want})")
-        yc = cast_checked(f"{prefix}y", ya, spec.label_dtype)
-    wc = None
+        yc = _check_label_values(spec, ya, prefix)
     if sample_weight is not None:
-        if not spec.has_weight:
-            raise ValueError(
-                "sample_weight was given but the model has no sample-weight input; build it with "
-                "add_loss_output(..., weight_name='weight')"
-            )
-        wa = _as_numeric(f"{prefix}sample_weight", sample_weight)
-        if wa.ndim != 1 or wa.shape[0] != n:
-            raise ValueError(f"{prefix}sample_weight must have shape ({n},), got {wa.shape}")
-        _check_finite(f"{prefix}sample_weight", wa)
-        if (wa < 0).any():
-            raise ValueError(f"{prefix}sample_weight holds negative values; weights must be >= 0")
-        if not wa.any():
-            raise ValueError(f"{prefix}sample_weight is all zeros: there is nothing to learn from")
-        wc = cast_checked(f"{prefix}sample_weight", wa, spec.feature_dtype)
-    elif spec.has_weight:
-        wc = np.ones(n, dtype=spec.feature_dtype)
-    return Xc, yc, wc
+        return Xc, yc, _check_sample_weight(spec, sample_weight, n, prefix)
+    return Xc, yc, np.ones(n, dtype=spec.feature_dtype) if spec.has_weight else None
+
+
+def _check_X(spec: DataSpec, X: Any, prefix: str) -> np.ndarray:
+    Xa = _as_numeric(f"{prefix}X", X)
+    if Xa.ndim != 2:
+        raise ValueError(f"{prefix}X must be 2-D (n_samples, n_features), got shape {Xa.shape}")
+    if Xa.shape[0] == 0:
+        raise ValueError(f"{prefix}X has no rows")
+    if spec.n_features is not None and Xa.shape[1] != spec.n_features:
+        raise ValueError(f"{prefix}X has {Xa.shape[1]} features but the model expects {spec.n_features}")
+    _check_finite(f"{prefix}X", Xa)
+    return cast_checked(f"{prefix}X", Xa, spec.feature_dtype)
+
+
+def _check_class_indices(spec: DataSpec, ya: np.ndarray, prefix: str) -> np.ndarray:
+    """One class index per row, in 0..n_classes-1 and in the label's integer type."""
+    if ya.ndim != 1:
+        ya = ya.reshape(ya.shape[0], -1)
+        if ya.shape[1] != 1:
+            raise ValueError(f"{prefix}y must hold one class index per row, got shape {ya.shape}")
+        ya = ya[:, 0]
+    if np.issubdtype(ya.dtype, np.floating) and not np.array_equal(ya, np.round(ya)):
+        raise ValueError(f"{prefix}y must hold integer class indices for this loss, got fractions")
+    if (ya < 0).any():
+        raise ValueError(f"{prefix}y holds negative class indices; encode classes as 0..K-1")
+    if spec.n_classes is not None and ya.size and ya.max() >= spec.n_classes:
+        raise ValueError(
+            f"{prefix}y holds class index {int(ya.max())} but the model predicts {spec.n_classes} "
+            f"classes; encode classes as 0..{spec.n_classes - 1}"
+        )
+    # without n_classes, a huge index would wrap around (or be undefined) in the cast
+    top = np.iinfo(spec.label_dtype).max
+    if ya.size and ya.max() > top:
+        raise ValueError(f"{prefix}y holds class index {ya.max()} beyond the label type {spec.label_dtype}")
+    return np.ascontiguousarray(ya, dtype=spec.label_dtype)
+
+
+def _check_label_values(spec: DataSpec, ya: np.ndarray, prefix: str) -> np.ndarray:
+    """Values of the label's shape (a column or a flat vector reshaped to it)."""
+    tail = spec.label_tail
+    if ya.ndim == 1 and len(tail) == 1 and tail[0] in (1, None):
+        ya = ya.reshape(-1, 1)
+    elif ya.ndim == 2 and not tail and ya.shape[1] == 1:
+        ya = ya[:, 0]
+    if ya.ndim != len(tail) + 1 or any(d is not None and d != k for d, k in zip(tail, ya.shape[1:])):
+        want = ", ".join(["n", *(str(d) if d is not None else "?" for d in tail)])
+        raise ValueError(f"{prefix}y has shape {ya.shape} but the model's label expects ({want})")
+    return cast_checked(f"{prefix}y", ya, spec.label_dtype)
+
+
+def _check_sample_weight(spec: DataSpec, sample_weight: Any, n: int, prefix: str) -> np.ndarray:
+    if not spec.has_weight:
+        raise ValueError(
+            "sample_weight was given but the model has no sample-weight input; build it with "
+            "add_loss_output(..., weight_name='weight')"
+        )
+    wa = _as_numeric(f"{prefix}sample_weight", sample_weight)
+    if wa.ndim != 1 or wa.shape[0] != n:
+        raise ValueError(f"{prefix}sample_weight must have shape ({n},), got {wa.shape}")
+    _check_finite(f"{prefix}sample_weight", wa)
+    if (wa < 0).any():
+        raise ValueError(f"{prefix}sample_weight holds negative values; weights must be >= 0")
+    if not wa.any():
+        raise ValueError(f"{prefix}sample_weight is all zeros: there is nothing to learn from")
+    return cast_checked(f"{prefix}sample_weight", wa, spec.feature_dtype)
 
 
 #: device kinds whose fits keep everything on the device: the data uploaded once, shuffled
@@ -237,8 +278,9 @@ class BatchStore:
             for s, e in self.bounds:
                 views = [buf[: e - s] for buf in self.buffers] if shuffle else [a[s:e] for a in arrays]
                 self._keep.append(views)
-                make = ort_capi.OrtValue.ortvalue_from_numpy
-                self.batches.append([make(v, device.ort_device) for v in views])
+                self.batches.append(
+                    [ort_capi.OrtValue.ortvalue_from_numpy(v, device.ort_device) for v in views]
+                )
         elif not shuffle:
             self.buffers = []
             self._keep = [[DeviceArray(a[s:e], device) for a in arrays] for s, e in self.bounds]
