@@ -126,6 +126,28 @@ def test_resume_matches_numpy_sgd_with_the_shuffled_orders(tmp_path, linear_data
     np.testing.assert_allclose(trainer.train_losses_, history, rtol=1e-5)
 
 
+def test_a_fit_that_raises_leaves_its_last_epoch_end(tmp_path):
+    """The checkpoint is written when the fit ends, also by an error: a callback failing after
+    epoch 3 (checkpoint_every=10: nothing written before) leaves epoch 3, and resume() ends at
+    the weights of an uninterrupted fit."""
+    X, y = _data()
+    straight = _trainer("full", "adam", max_iter=N_EPOCHS).fit(X, y)
+
+    class Fail(Callback):
+        def on_epoch_end(self, trainer: Any, epoch: int, logs: dict[str, float]) -> bool:
+            if epoch == 2:
+                raise RuntimeError("callback failed")
+            return False
+
+    failing = _trainer("full", "adam", max_iter=N_EPOCHS, checkpoint_dir=tmp_path, checkpoint_every=10)
+    with pytest.raises(RuntimeError, match="callback failed"):
+        failing.set_params(callbacks=[Fail()]).fit(X, y)
+    info = checkpoint_info(tmp_path / CHECKPOINT_FILE)
+    assert (info["n_iter_"], info["n_steps"], len(info["train_losses_"])) == (3, 15, 3)
+    resumed = _trainer("full", "adam", max_iter=N_EPOCHS, checkpoint_dir=tmp_path).resume(X, y)
+    _assert_same_fit(resumed, straight)
+
+
 def test_checkpoint_every_and_end_of_fit(tmp_path):
     X, y = _data()
     seen: list[int] = []

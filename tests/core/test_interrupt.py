@@ -11,6 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from ort_train_core import Callback, OrtGradientOptimizer, add_loss_output
+from ort_train_core.exceptions import TrainingInterruptedWarning
 
 
 def _linear(coef: np.ndarray, intercept: np.ndarray):
@@ -74,7 +75,9 @@ def test_ctrl_c_stops_after_the_current_step():
         shuffle=False,
         callbacks=[_InterruptAfterEpoch(epoch=1)],
     )
-    with pytest.warns(RuntimeWarning, match="interrupted"):
+    # its own category, a RuntimeWarning as the warning always was
+    assert issubclass(TrainingInterruptedWarning, RuntimeWarning)
+    with pytest.warns(TrainingInterruptedWarning, match="interrupted"):
         trainer.fit(X, y)
     # two full epochs (4 steps each) then one step of the third before the loop noticed
     assert trainer.n_iter_ == 2

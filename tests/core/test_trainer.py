@@ -17,6 +17,7 @@ import onnxruntime
 import pytest
 
 from ort_train_core import (
+    ConvergenceError,
     ConvergenceWarning,
     LearningRateAdam,
     LearningRateSGD,
@@ -251,6 +252,22 @@ def test_save_onnx_graph_writes_loadable_files(mlp_loss_model, mlp_data, ref, tm
 
 
 # ---- validation and early stopping -----------------------------------------------------------------
+
+
+def test_validation_divergence_rolls_back_the_epoch_and_its_history(linear_loss_model, linear_data):
+    """A validation loss that overflows (float32) after a warm-started epoch: the weights, the
+    epoch count and the histories are those of the epochs kept, so that the next warm start
+    continues as if the failed epoch never ran."""
+    X, y = linear_data
+    trainer = OrtGradientOptimizer(linear_loss_model, max_iter=2, learning_rate=0.01, warm_start=True)
+    kept = trainer.fit(X, y).get_state()
+    losses = list(trainer.train_losses_)
+    with pytest.raises(ConvergenceError, match="validation loss became inf at epoch 3"):
+        trainer.fit(X, y, X_val=X[:5] * np.float32(1e30), y_val=y[:5])
+    assert trainer.n_iter_ == 2
+    assert trainer.train_losses_ == losses
+    assert trainer.validation_losses_ == []
+    _assert_same_state(trainer.get_state(), kept, rtol=0)
 
 
 def test_validation_loss_is_the_numpy_loss_at_each_epoch_end(linear_loss_model, linear_data, ref):

@@ -81,7 +81,21 @@ def _all_finite(state: TrainingState) -> bool:
 
 
 class BaseOrtTrainer(ParamsMixin):
-    """Shared parameters and the fit loop. Subclasses implement the abstract hooks."""
+    """Shared parameters and the fit loop of both trainers; subclasses implement the hooks
+    that build their graphs and say how one step runs.
+
+    The parameters are those of :class:`~ort_train_core.OrtGradientOptimizer` and
+    :class:`~ort_train_core.OrtGradientForwardBackwardOptimizer`, which document them.
+
+    Attributes
+    ----------
+    n_iter_ : int
+        Completed epochs (over warm starts and resumes).
+    train_losses_ : list of float
+        The training objective of each epoch.
+    validation_losses_ : list of float
+        The validation loss of each epoch (empty without validation data).
+    """
 
     model_onnx: ModelProto
     weights_to_train: Sequence[str] | None
@@ -197,7 +211,39 @@ class BaseOrtTrainer(ParamsMixin):
         """Trains ``max_iter`` epochs (fewer with early stopping); continues with ``warm_start``.
 
         With ``checkpoint_dir``, writes ``checkpoint_dir/checkpoint.npz`` every
-        ``checkpoint_every`` completed epochs, at the end, and on Ctrl-C (see :meth:`resume`)."""
+        ``checkpoint_every`` completed epochs and when the fit ends, however it ends (the last
+        epoch, early stopping, Ctrl-C, an error): it holds the end of the last completed epoch
+        (see :meth:`resume`). Ctrl-C ends the fit after the current step with a
+        :class:`~ort_train_core.exceptions.TrainingInterruptedWarning`; a second one stops at
+        once (KeyboardInterrupt).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            The features.
+        y : array-like of shape (n_samples,) or (n_samples, n_outputs)
+            The labels (class indices for a cross-entropy loss).
+        sample_weight : array-like of shape (n_samples,), optional
+            Weights of the rows (the model needs a sample-weight input).
+        X_val, y_val : array-like, optional
+            Validation data: its loss is computed after each epoch
+            (``validation_losses_``) and is the one early stopping watches.
+        sample_weight_val : array-like of shape (n_val_samples,), optional
+            Weights of the validation rows.
+
+        Returns
+        -------
+        BaseOrtTrainer
+            ``self``.
+
+        Raises
+        ------
+        ConvergenceError
+            The loss, the weights or the validation loss became NaN or inf; the weights, the
+            optimizer state and the history are those of the last completed epoch.
+        ValueError, TypeError
+            Invalid parameters or data.
+        """
         return self._fit(X, y, sample_weight, X_val, y_val, sample_weight_val, resume=False)
 
     def resume(
@@ -224,7 +270,34 @@ class BaseOrtTrainer(ParamsMixin):
         is refused with :class:`~ort_train_core.exceptions.CheckpointMismatchError` (a
         ValueError naming the parameter) before anything is restored. A checkpoint of an
         earlier version, which recorded no seed nor data fingerprint, resumes with a
-        UserWarning."""
+        UserWarning.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            The features, as the interrupted fit had them.
+        y : array-like of shape (n_samples,) or (n_samples, n_outputs)
+            The labels (class indices for a cross-entropy loss).
+        sample_weight : array-like of shape (n_samples,), optional
+            Weights of the rows (the model needs a sample-weight input).
+        X_val, y_val : array-like, optional
+            Validation data: its loss is computed after each epoch
+            (``validation_losses_``) and is the one early stopping watches.
+        sample_weight_val : array-like of shape (n_val_samples,), optional
+            Weights of the validation rows.
+
+        Returns
+        -------
+        BaseOrtTrainer
+            ``self``.
+
+        Raises
+        ------
+        CheckpointMismatchError
+            The checkpoint was written with other settings or data.
+        ValueError
+            No ``checkpoint_dir``, or a checkpoint of another model or a damaged one.
+        """
         if self._checkpoint_path() is None:
             raise ValueError("resume reads checkpoint_dir/checkpoint.npz: set checkpoint_dir")
         return self._fit(X, y, sample_weight, X_val, y_val, sample_weight_val, resume=True)
@@ -500,11 +573,28 @@ class BaseOrtTrainer(ParamsMixin):
         return state if state is not None else self._initial_state()
 
     def get_state(self) -> dict[str, np.ndarray]:
-        """Copies of the trained weights (the initial ones before any fit)."""
+        """Copies of the trained weights (the initial ones before any fit).
+
+        Returns
+        -------
+        dict of str to numpy.ndarray
+            The weights by name.
+        """
         return {k: v.copy() for k, v in self._current_state().weights.items()}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        """Replaces weights (all or some); a following fit with ``warm_start=True`` starts there."""
+        """Replaces weights (all or some); a following fit with ``warm_start=True`` starts there.
+
+        Parameters
+        ----------
+        state : mapping of str to array-like
+            New values by weight name, each of the weight's shape (cast to its dtype).
+
+        Raises
+        ------
+        ValueError
+            An unknown name, another shape, or values that are not finite numbers.
+        """
         current = self._current_state().copy()
         for name, value in state.items():
             if name not in current.weights:
@@ -525,7 +615,18 @@ class BaseOrtTrainer(ParamsMixin):
         """Writes the training state (weights, optimizer states, step and epoch counts, shuffling
         RNG, loss history, learning rate, model fingerprint) to ``path`` atomically, as an
         ``.npz`` without pickle. A fit resumed from it is exact when it was taken at the end of
-        an epoch (as ``checkpoint_dir`` checkpoints are)."""
+        an epoch (as ``checkpoint_dir`` checkpoints are).
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            The file to write (its folder is created).
+
+        Raises
+        ------
+        ValueError
+            The trainer was neither fitted nor given a state.
+        """
         if not hasattr(self, "n_iter_"):
             raise ValueError("nothing to save: fit the trainer (or set_state) first")
         progress = TrainingProgress(
@@ -541,7 +642,18 @@ class BaseOrtTrainer(ParamsMixin):
     def load_checkpoint(self, path: str | os.PathLike[str]) -> None:
         """Restores what :meth:`save_checkpoint` wrote; a following fit with ``warm_start=True``
         (or :meth:`resume`) continues from there. Refuses a checkpoint of another model or of
-        other trained weights (ValueError)."""
+        other trained weights.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            A file :meth:`save_checkpoint` (or a fit with ``checkpoint_dir``) wrote.
+
+        Raises
+        ------
+        ValueError
+            Not a checkpoint, a damaged one, or one of another model or other weights.
+        """
         self._load_checkpoint(os.fspath(path))
 
     def _load_checkpoint(self, path: str, expected: Mapping[str, Any] | None = None) -> list[str]:
@@ -576,7 +688,13 @@ class BaseOrtTrainer(ParamsMixin):
         return identity
 
     def get_trained_onnx(self) -> ModelProto:
-        """The prediction graph with the current weights as initializers."""
+        """The prediction graph with the current weights as initializers.
+
+        Returns
+        -------
+        onnx.ModelProto
+            A new model, checked by ``onnx.checker``.
+        """
         from .graph import inputs_to_initializers
 
         model = inputs_to_initializers(self._prediction_model(), self._current_state().weights)
@@ -584,7 +702,18 @@ class BaseOrtTrainer(ParamsMixin):
         return model
 
     def save_onnx_graph(self, folder: str | os.PathLike[str]) -> dict[str, str]:
-        """Writes the trained model and every graph the trainer uses; returns name -> path."""
+        """Writes the trained model and every graph the trainer uses.
+
+        Parameters
+        ----------
+        folder : str or os.PathLike
+            Where to write ``<name>.onnx`` files (created when missing).
+
+        Returns
+        -------
+        dict of str to str
+            The path of each graph by name (``'trained'`` first).
+        """
         os.makedirs(folder, exist_ok=True)
         graphs = {"trained": self.get_trained_onnx(), **self._graphs_to_save()}
         paths = {}
