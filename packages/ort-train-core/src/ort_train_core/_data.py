@@ -217,6 +217,18 @@ DEVICE_RESIDENT_KINDS: set[str] = {"cuda"}
 
 
 def device_resident(device: Device) -> bool:
+    """Whether a fit on ``device`` keeps its data and losses there (DEVICE_RESIDENT_KINDS).
+
+    Parameters
+    ----------
+    device : Device
+        The fit's device.
+
+    Returns
+    -------
+    bool
+        True for a device-resident kind.
+    """
     return device.kind in DEVICE_RESIDENT_KINDS
 
 

@@ -274,17 +274,8 @@ class BaseOrtTrainer(ParamsMixin):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
-            The features, as the interrupted fit had them.
-        y : array-like of shape (n_samples,) or (n_samples, n_outputs)
-            The labels (class indices for a cross-entropy loss).
-        sample_weight : array-like of shape (n_samples,), optional
-            Weights of the rows (the model needs a sample-weight input).
-        X_val, y_val : array-like, optional
-            Validation data: its loss is computed after each epoch
-            (``validation_losses_``) and is the one early stopping watches.
-        sample_weight_val : array-like of shape (n_val_samples,), optional
-            Weights of the validation rows.
+        X, y, sample_weight, X_val, y_val, sample_weight_val : array-like or None
+            As :meth:`fit`'s: the data the interrupted fit was given.
 
         Returns
         -------
@@ -792,7 +783,7 @@ def _run_epoch(
     (``stop``). ``losses`` is the buffer they are written to."""
     store = runner.store
     fill = store.fill if store.gathers else None
-    isfinite = math.isfinite  # a local: the per-step path is a few microseconds
+    isfinite = math.isfinite  # a local: read at every step
     n = len(losses)
     for i in range(n):
         if fill is not None:

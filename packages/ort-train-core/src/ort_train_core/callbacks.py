@@ -139,6 +139,17 @@ class EarlyStopping(Callback):
         The improvement of the best loss that counts as one.
     n_iter_no_change : int
         Epochs in a row without such an improvement that stop the fit.
+
+    Attributes
+    ----------
+    tol, n_iter_no_change
+        As given.
+    best : float
+        The best monitored loss of this fit so far.
+    bad_epochs : int
+        Epochs in a row that have not improved on ``best`` by ``tol``.
+    stopped : bool
+        Whether the last epoch stopped the fit.
     """
 
     def __init__(self, tol: float, n_iter_no_change: int) -> None:
