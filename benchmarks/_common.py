@@ -193,8 +193,26 @@ def markdown_table(header: list[str], rows: Iterable[list[str]], align: list[str
 def write_report(
     out: str | os.PathLike[str], name: str | None, quick: bool, report: Any, markdown: str
 ) -> tuple[Path, Path]:
-    """Writes ``<stem>.json`` (``report``) and ``<stem>.md`` (``markdown``) into ``out``, the stem
-    from :func:`result_stem`; returns both paths."""
+    """Writes a benchmark's result files.
+
+    Parameters
+    ----------
+    out : path
+        The folder (created).
+    name : str or None
+        The benchmark's name in the stem (:func:`result_stem`).
+    quick : bool
+        Whether the stem ends with ``-quick``.
+    report : dict
+        Written as ``<stem>.json`` (numpy scalars and arrays allowed); its ``date`` dates the stem.
+    markdown : str
+        Written as ``<stem>.md``.
+
+    Returns
+    -------
+    (Path, Path)
+        The JSON and Markdown files.
+    """
     stem = result_stem(name, quick, report.get("date"))
     # numpy scalars and arrays become numbers and lists
     text = json.dumps(report, indent=2, default=_json_default)
@@ -220,8 +238,21 @@ def load_text(cases: Iterable[Mapping[str, Any]]) -> str:
 def check_targets(
     targets: Iterable[tuple[str, str | None, str, str, str, float]], cases: Sequence[Mapping[str, Any]]
 ) -> list[dict[str, Any]]:
-    """Each target ``(name, case name or None for every case, numerator route, denominator
-    route, '<=' or '>=', bound)`` against the us/step ratio of the two routes of its cases."""
+    """Checks targets on the us/step ratio of two routes.
+
+    Parameters
+    ----------
+    targets : iterable of tuples
+        ``(name, case name or None for every case, numerator route, denominator route, '<=' or
+        '>=', bound)``.
+    cases : sequence of dict
+        Case records with ``name`` and ``routes`` (route -> measures with ``us_per_step``).
+
+    Returns
+    -------
+    list of dict
+        Per target and case: ``target``, ``case``, ``ratio``, ``op``, ``bound``, ``pass``.
+    """
     rows = []
     for name, case_name, num, den, op, bound in targets:
         for case in cases:

@@ -219,7 +219,6 @@ def train(
     lr: float,
     workdir: str | os.PathLike[str],
     bce: str = "stable",
-    intra_op_threads: int = 0,
 ) -> dict[str, Any]:
     """Trains with onnxruntime's on-device training API (see the module docstring).
 
@@ -238,8 +237,6 @@ def train(
         Folder of the artifacts (created).
     bce : {'stable', 'builtin'}
         Binary loss: the saturation-safe custom block or ``LossType.BCEWithLogitsLoss``.
-    intra_op_threads : int
-        onnxruntime's ``intra_op_num_threads`` (0: one per physical core).
 
     Returns
     -------
@@ -260,7 +257,6 @@ def train(
     state = checkpoint_state.load_checkpoint(directory / "checkpoint")
     options = SessionOptions()
     options.log_severity_level = 3  # the optimizer graph's harmless load-time warning (see above)
-    options.intra_op_num_threads = intra_op_threads
     # the eval model is not needed; the Optimizer reuses the Module's session options
     module = module_cls(directory / "training_model.onnx", state, session_options=options)
     optimizer = optimizer_cls(directory / "optimizer_model.onnx", module)

@@ -59,9 +59,25 @@ def mlp_onnx(
     output: str = "variable",
     graph_name: str = "mlp",
 ) -> Any:
-    """The benchmarks' graph builder: MatMul/Add(/Relu between layers), opset 17, IR 8, input
-    ``X`` [N, F], output ``output``, initializers ``{names[0]}{k}`` (W, in x out) and
-    ``{names[1]}{k}`` (b) holding float32 copies of ``layers`` ((W, b) in layer order)."""
+    """The benchmarks' graph builder: MatMul/Add(/Relu between layers), opset 17, IR 8.
+
+    Parameters
+    ----------
+    layers : sequence of (W, b)
+        Weights in layer order, W (in, out) and b (out,); copied as float32 initializers
+        ``{names[0]}{k}`` and ``{names[1]}{k}``.
+    names : (str, str)
+        Prefixes of the weight and bias initializers.
+    output : str
+        The graph's output, [N, out]; its input is ``X`` [N, F].
+    graph_name : str
+        The graph's name (part of its content, hence of ort-train's cache keys).
+
+    Returns
+    -------
+    onnx.ModelProto
+        The prediction graph.
+    """
     from onnx import TensorProto, helper, numpy_helper
 
     nodes, inits = [], []
@@ -148,13 +164,40 @@ def state_layers(state: Mapping[str, np.ndarray], n_layers: int) -> Layers:
 
 @dataclass
 class Case:
-    """One training job every route does: data, initial weights (layers) and settings."""
+    """One training job every route does: data, initial weights and settings.
+
+    Parameters
+    ----------
+    name, kind : str
+        The case's name (also its graphs' name) and kind (a label of the reports).
+    X, y : ndarray
+        float32 data, (n, F) and (n, 1) (0/1 when ``binary``).
+    weights : list of (W, b)
+        Initial weights in layer order, float32.
+    batch, epochs : int
+        Batch size (consecutive batches in row order) and epochs.
+    lr : float
+        The constant learning rate of plain SGD.
+    binary : bool
+        Cross-entropy on the logit instead of the squared error.
+    device : str
+        Device of the ort-train and torch routes.
+    threads : int
+        torch's thread count.
+
+    Attributes
+    ----------
+    bounds : list of (int, int)
+        The batches' row ranges.
+    labels : ndarray or None
+        (n,) int64 class indices when ``binary``.
+    """
 
     name: str
     kind: str
-    X: np.ndarray  # (n, F) float32
-    y: np.ndarray  # (n, 1) float32 (0/1 when binary)
-    weights: Layers  # (W [in, out], b [out]) per layer, float32
+    X: np.ndarray
+    y: np.ndarray
+    weights: Layers
     batch: int
     epochs: int
     lr: float
@@ -162,7 +205,7 @@ class Case:
     device: str = "cpu"
     threads: int = 1
     bounds: list[tuple[int, int]] = field(init=False)
-    labels: np.ndarray | None = field(init=False)  # (n,) int64 class index when binary
+    labels: np.ndarray | None = field(init=False)
 
     def __post_init__(self) -> None:
         self.bounds = batch_bounds(len(self.X), self.batch)
@@ -195,17 +238,34 @@ class Case:
 # ---- routes -------------------------------------------------------------------------------
 @dataclass
 class Route:
-    """``run()`` trains from the initial weights and returns the timed seconds; ``finish()``
-    reads the last run: ``epoch_losses`` (list on our scale, or None), ``weights`` (layers),
-    optionally ``epoch_loss``, ``setup_seconds``, ``native_note``."""
+    """One way to train a case, built by a factory of :data:`FACTORIES`.
+
+    Parameters
+    ----------
+    run : callable
+        Trains from the initial weights; returns the timed seconds.
+    finish : callable
+        Reads the last run: ``epoch_losses`` (list on our scale, or None), ``weights`` (layers),
+        optionally ``epoch_loss``, ``setup_seconds``, ``native_note``.
+    setup_seconds : float or None
+        Graphs, sessions and modules built before the first run, where the route has them.
+    note : str
+        What the route runs, for the reports.
+    device : str
+        Where it trains.
+    keep : object
+        What must outlive the runs (arrays that OrtValues view without owning them).
+    cleanup : callable or None
+        Called once the case is done.
+    """
 
     run: Callable[[], float]
     finish: Callable[[], dict[str, Any]]
     setup_seconds: float | None
     note: str
     device: str = "cpu"
-    keep: Any = None  # what must outlive the runs (arrays that OrtValues view without owning them)
-    cleanup: Callable[[], None] | None = None  # called once the case is done
+    keep: Any = None
+    cleanup: Callable[[], None] | None = None
 
 
 def prediction_model(case: Case) -> Any:
@@ -894,10 +954,29 @@ def run_case(
     reference: str = "full",
     rtol: float = 0.05,
 ) -> dict[str, Any]:
-    """Times the ``routes`` (result key -> factory name in :data:`FACTORIES`) of one case: setup
-    and a first untimed run each, then ``repeats`` timed runs round-robin; returns the case's
-    record, each route compared with ``reference`` (a final loss more than ``rtol`` away from
-    its own is flagged)."""
+    """Times routes of one case: setup and a first untimed run each, then timed runs round-robin.
+
+    Parameters
+    ----------
+    case : Case
+        The training job.
+    routes : mapping of str to str
+        Result key -> route name in :data:`FACTORIES`.
+    labels : mapping of str to str
+        Result key -> the route's label in the reports.
+    repeats : int
+        Timed runs per route.
+    reference : str
+        The result key every route is compared with (us/step ratio, final and epoch loss).
+    rtol : float
+        A final loss more than this (relative) away from the reference's is flagged.
+
+    Returns
+    -------
+    dict
+        The case's record: its settings, ``routes`` (result key -> measures), ``skipped`` and
+        ``failed`` (result key -> why), the load average around it.
+    """
     load_before, t_case = common.loadavg(), time.perf_counter()
     print(f"[{case.name}] {case.steps} steps ({case.epochs} epochs x {len(case.bounds)} batches)", flush=True)
     built, first, skipped, failed = _build_and_warm(case, routes, labels)
