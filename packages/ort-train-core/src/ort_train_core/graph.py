@@ -39,11 +39,11 @@ __all__ = [
     "unique_name",
 ]
 
-#: the highest IR version onnxruntime 1.19 loads
+#: The highest IR version onnxruntime 1.19 loads.
 MAX_IR_VERSION = 10
-#: the highest opset of the default domain onnxruntime 1.19 runs
+#: The highest opset of the default domain onnxruntime 1.19 runs.
 MAX_OPSET = 21
-#: the lowest default-domain opset a model is kept at (older ones are converted up)
+#: The lowest default-domain opset a model is kept at (older ones are converted up).
 MIN_OPSET = 13
 META_PREFIX = "ort_train."
 
