@@ -12,6 +12,7 @@ import pytest
 from core_models import build_linear, initializers, linear_sgd_reference
 
 import ort_train_core as otc
+from ort_train_core import _binding, _cache
 
 N_ROWS, N_FEATURES, BATCH = 25, 3, 10  # batches of 10, 10, 5: two batch sizes
 ETA = 0.05
@@ -33,6 +34,8 @@ def _data() -> tuple[np.ndarray, np.ndarray]:
 
 
 def _count_sessions(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    # an empty session cache: earlier tests of the process may have built these very sessions
+    monkeypatch.setattr(_binding, "_SESSIONS", _cache.LRUCache(_binding.MAX_CACHED_SESSIONS))
     made = [0]
     real = pybind.InferenceSession
 
