@@ -29,6 +29,7 @@ from ort_train_core.graph import (
     inputs_to_initializers,
     normalise_model,
     nothing_to_train_error,
+    unique_name,
 )
 
 #: ONNX element types and the torch dtypes that carry them
@@ -174,12 +175,7 @@ def _attribute_names(onnx_names: Sequence[str]) -> list[str]:
         base = re.sub(r"\W", "_", name) or "weight"
         if base[0].isdigit() or keyword.iskeyword(base):
             base = f"w_{base}"
-        candidate, k = base, 0
-        while candidate in taken:
-            k += 1
-            candidate = f"{base}_{k}"
-        taken.add(candidate)
-        out.append(candidate)
+        out.append(unique_name(base, taken))
     return out
 
 
