@@ -179,5 +179,22 @@ def check_device(device: str) -> str:
     libraries, which it loads (what the first fit on that device would do). Raises
     ``ValueError`` or :class:`~ort_train_core.CudaUnavailableError` with the fix, so a script
     can choose its device before it builds anything.
+
+    Parameters
+    ----------
+    device : str
+        ``'cpu'``, ``'cuda'`` or ``'cuda:N'``.
+
+    Returns
+    -------
+    str
+        The canonical name of the device.
+
+    Raises
+    ------
+    ValueError
+        ``device`` is not a device name.
+    CudaUnavailableError
+        A CUDA device cannot run here (no CUDA build, driver, GPU or libraries).
     """
     return str(parse_device(device))

@@ -106,7 +106,69 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
 
     ``learning_penalty`` applies to every trained weight of rank >= 2 (not biases).
     ``weight_name`` names the sample-weight input of the loss graphs it builds.
-    ``checkpoint_dir``/``checkpoint_every``: see :meth:`fit` and :meth:`resume`.
+
+    Parameters
+    ----------
+    model_onnx : onnx.ModelProto
+        The prediction graph; the loss is computed by ``learning_loss``.
+    weights_to_train : list of str, optional
+        The initializers to train; default: every float initializer with a gradient to the
+        loss (constants that only feed shapes, masks, indices or BatchNormalization statistics
+        are left out).
+    max_iter : int, default 100
+        Epochs of a fit.
+    batch_size : int, default 10
+        Rows per step; the last batch of an epoch is shorter when the rows do not divide.
+    learning_rate : str, float or BaseLearningRate, default 'SGD'
+        ``'SGD'``, ``'SGDNesterov'`` (``'Nesterov'``), ``'Adam'``, a learning-rate object
+        (:class:`LearningRateSGD`, :class:`LearningRateSGDNesterov`, :class:`LearningRateAdam`)
+        or a float, which means ``LearningRateSGD(eta0=value, learning_rate='constant')``.
+    device : str, default 'cpu'
+        ``'cpu'``, ``'cuda'`` or ``'cuda:N'`` (see :func:`check_device`).
+    warm_start : bool, default False
+        Continue from the current weights, optimizer state and random generator instead of the
+        graph's initializers.
+    verbose : int, default 0
+        1 shows a progress bar, 2 prints each epoch's losses.
+    learning_loss : str or BaseLearningLoss, default 'square_error'
+        ``'square_error'``, ``'absolute_error'``, ``'elastic'``, ``'log'``,
+        ``'cross_entropy'`` or a loss object (:class:`SquareLearningLoss`, ...).
+    learning_penalty : BaseLearningPenalty, optional
+        :class:`ElasticLearningPenalty` on the trained weights of rank >= 2; default none.
+    weight_name : str, optional
+        Name of the sample-weight input of the loss graphs it builds.
+    shuffle : bool, default True
+        A new permutation of the rows each epoch (``numpy.random.default_rng(random_state)``);
+        False takes consecutive slices in row order.
+    random_state : int, optional
+        Seed of the shuffling.
+    output_index : int, default 0
+        The graph output the loss applies to.
+    reduction : {'mean', 'sum'}, default 'mean'
+        The batch loss: the sample-weighted mean or sum of the row losses.
+    tol : float, optional
+        Stop when the loss (validation loss if any, else training) has not improved by ``tol``
+        for ``n_iter_no_change`` epochs; None trains ``max_iter`` epochs.
+    n_iter_no_change : int, default 5
+        Epochs without improvement before stopping (with ``tol``).
+    callbacks : list of Callback, optional
+        Called at the start and end of the fit, after each epoch and (when they override it)
+        after each batch; :class:`EarlyStopping` and the others reset at every fit.
+    checkpoint_dir : str or path, optional
+        Folder where the training state is written every ``checkpoint_every`` epochs and at the
+        end of the fit; :meth:`resume` continues from it exactly.
+    checkpoint_every : int, default 1
+        Epochs between checkpoints.
+
+    Attributes
+    ----------
+    n_iter_ : int
+        Completed epochs (over warm starts and resumes).
+    train_losses_ : list of float
+        The objective of each epoch: each batch's objective before its update, averaged with
+        the batches' total sample weights.
+    validation_losses_ : list of float
+        The validation loss of each epoch (empty without validation data).
     """
 
     def __init__(
