@@ -813,6 +813,41 @@ def _symbolic_one_broadcast() -> Case:
 
 
 #: what onnxruntime still gets wrong, not rewritten: a strict xfail each (tests fail when fixed)
+def _hard_form(op: str) -> Callable[[], Case]:
+    """X * W then HardSigmoid (alpha 0.3, beta 0.4) or HardSwish: no gradient in onnxruntime
+    (issue 17, item 5), rewritten into Mul/Add/Clip."""
+
+    def build() -> Case:
+        rng = np.random.default_rng(0)
+        inputs, weights = {"X": 3 * _values(rng, [5, 4])}, {"W": _values(rng, [4], True)}
+        attrs = {"alpha": 0.3, "beta": 0.4} if op == "HardSigmoid" else {}
+        nodes = [helper.make_node("Mul", ["X", "W"], ["p"]), helper.make_node(op, ["p"], ["Y"], **attrs)]
+
+        def fn(t: Any, x: list[Any], w: dict[str, Any]) -> Any:
+            p = x[0] * w["W"]
+            if op == "HardSigmoid":
+                return t.clamp(0.3 * p + 0.4, 0.0, 1.0)
+            return t.nn.functional.hardswish(p)
+
+        return _form(op.lower(), nodes, inputs, weights, fn)
+
+    return build
+
+
+def _layer_norm_y_only() -> Case:
+    """LayerNormalization with only its Y output, as the torch exporters write it (issue 17,
+    item 4): onnxruntime's gradient failed an assertion without Mean and InvStdDev."""
+    rng = np.random.default_rng(0)
+    inputs = {"X": _values(rng, [5, 6])}
+    weights = {"scale": _values(rng, [6], True), "bias": _values(rng, [6])}
+    node = helper.make_node("LayerNormalization", ["X", "scale", "bias"], ["Y"], axis=-1, epsilon=1e-5)
+
+    def fn(t: Any, x: list[Any], w: dict[str, Any]) -> Any:
+        return t.nn.functional.layer_norm(x[0], (6,), w["scale"], w["bias"], eps=1e-5)
+
+    return _form("layer_norm", [node], inputs, weights, fn)
+
+
 KNOWN_LIMITS: dict[str, Callable[[], Case]] = {"symbolic_dim_of_1_broadcast": _symbolic_one_broadcast}
 
 
@@ -842,6 +877,11 @@ PINNED_FORMS: dict[str, Callable[[], Case]] = {
     "average_pool_ceil_mode_free_batch": lambda: _average_pool_form(ceil_mode=1),
     # the base's gradient was not reduced over the broadcast axes ([5, 3] for a [3] weight)
     "pow_broadcast_base": _pow_broadcast_base,
+    # no gradient in onnxruntime: rewritten into Mul/Add/Clip
+    "hard_sigmoid": _hard_form("HardSigmoid"),
+    "hard_swish": _hard_form("HardSwish"),
+    # the gradient failed an assertion without the optional Mean/InvStdDev outputs
+    "layer_norm_y_only": _layer_norm_y_only,
     # no gradient in onnxruntime: refused with the operator and the fix
     "pow_weight_exponent": _pow_exponent,
     "cumsum": _cumsum,

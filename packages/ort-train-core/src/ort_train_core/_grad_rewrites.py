@@ -32,6 +32,12 @@ listed here:
   expanded to the output's shape first. An exponent that needs a gradient (onnxruntime has
   none) is refused, naming the weights that reach it.
 
+* ``HardSigmoid`` and ``HardSwish`` (no gradient in onnxruntime-training): written as
+  ``Clip(alpha * x + beta, 0, 1)`` and ``x * Clip(x / 6 + 1 / 2, 0, 1)``.
+* ``LayerNormalization`` without its optional ``Mean``/``InvStdDev`` outputs (both torch
+  exporters leave them out): onnxruntime's gradient reads them and fails an assertion that
+  names neither node nor operator. The two outputs are added.
+
 Operators onnxruntime has no gradient for at all (CumSum, Softplus, GlobalMaxPool, ReduceMax,
 ...) are refused by the gradient builders with the operator's name and the fix.
 
@@ -102,12 +108,14 @@ def rewrite_for_gradient(model: ModelProto, differentiated: Sequence[str]) -> Mo
     graph = _Graph(model, list(differentiated), infos, consts, reached)
     b = NodeBuilder(onnx.TensorProto.FLOAT, 13, all_names(model), prefix="gradfix_")
     new_nodes: list[onnx.NodeProto] = []
+    changed = False
     for k, node in enumerate(nodes):
         b.nodes = []
         if k in found:
             _REWRITERS[node.op_type](b, node, graph)
+            changed = changed or bool(b.nodes)
         new_nodes.extend(b.nodes or [node])
-    if len(new_nodes) == len(nodes):  # every rewrite adds nodes
+    if not changed:
         return model
     out = ModelProto()
     out.CopyFrom(model)
@@ -301,7 +309,48 @@ def _pow(b: NodeBuilder, node: onnx.NodeProto, graph: _Graph) -> None:
     b.nodes.append(helper.make_node("Pow", [expanded, exponent], list(node.output), name=node.name))
 
 
+def _hard_sigmoid_of(b: NodeBuilder, x: str, alpha: float, beta: float, dtype: Any, out: str) -> None:
+    """``out = Clip(alpha * x + beta, 0, 1)``, HardSigmoid's definition."""
+    scaled = b.op("Add", [b.op("Mul", [x, b.const(alpha, "alpha", dtype)]), b.const(beta, "beta", dtype)])
+    bounds = [b.const(0.0, "zero", dtype), b.const(1.0, "one", dtype)]
+    b.nodes.append(helper.make_node("Clip", [scaled, *bounds], [out], name=b.name("n_Clip")))
+
+
+def _hard_sigmoid(b: NodeBuilder, node: onnx.NodeProto, graph: _Graph) -> None:
+    """HardSigmoid (no gradient in onnxruntime-training) as Clip(alpha * x + beta, 0, 1)."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    dtype = helper.tensor_dtype_to_np_dtype(graph.elem_type(node.input[0]))
+    alpha, beta = float(attrs.get("alpha", 0.2)), float(attrs.get("beta", 0.5))
+    _hard_sigmoid_of(b, node.input[0], alpha, beta, dtype, node.output[0])
+
+
+def _hard_swish(b: NodeBuilder, node: onnx.NodeProto, graph: _Graph) -> None:
+    """HardSwish (no gradient in onnxruntime-training) as x * Clip(x / 6 + 1 / 2, 0, 1)."""
+    x = node.input[0]
+    dtype = helper.tensor_dtype_to_np_dtype(graph.elem_type(x))
+    gate = b.name("hard_sigmoid")
+    _hard_sigmoid_of(b, x, 1.0 / 6.0, 0.5, dtype, gate)
+    b.nodes.append(helper.make_node("Mul", [x, gate], list(node.output), name=b.name("n_Mul")))
+
+
+def _layer_norm_outputs(b: NodeBuilder, node: onnx.NodeProto, graph: _Graph) -> None:
+    """LayerNormalization with its optional Mean and InvStdDev outputs: onnxruntime's gradient
+    reads them and fails an assertion (naming neither node nor operator) when the exporter
+    left them out, as both torch exporters do."""
+    outputs = list(node.output) + [""] * (3 - len(node.output))
+    if all(outputs):
+        return
+    hints = ["layer_norm_y", "layer_norm_mean", "layer_norm_inv_std_dev"]
+    outputs = [out or b.name(hint) for out, hint in zip(outputs, hints)]
+    new = helper.make_node(node.op_type, list(node.input), outputs, name=node.name or b.name("n_LayerNorm"))
+    new.attribute.extend(node.attribute)
+    b.nodes.append(new)
+
+
 _REWRITERS: dict[str, Rewriter] = {
+    "HardSigmoid": _hard_sigmoid,
+    "HardSwish": _hard_swish,
+    "LayerNormalization": _layer_norm_outputs,
     "MatMul": _rank1_matmul,
     "Gemm": _gemm_scalar_c,
     "LeakyRelu": _leaky_relu,
