@@ -1,0 +1,566 @@
+"""The model zoo of issue 17: seven architectures people export from torch, written here at tiny
+sizes (seconds per model), their example data, both torch exporters, and the map from torch
+parameter names to the ONNX initializers that hold them.
+
+A module of its own (not conftest.py), imported by name like ``tests/core/core_models.py``.
+
+Dropout and comparisons with torch: dropout draws different masks in torch and in onnxruntime, so
+the per-step comparisons build every model with ``dropout=0.0`` (torch's Dropout is then the
+identity, and the exported Dropout node has ratio 0, also the identity in onnxruntime). One test
+trains a graph exported with ``dropout > 0`` and checks only that it trains (finite, decreasing
+loss).
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import torch
+from onnx import numpy_helper
+from torch import nn
+
+#: ONNX Runtime 1.19 (the training build) loads IR <= 10 and opset <= 21
+MAX_IR_VERSION = 10
+OPSET = 18
+N_CLASSES = 3
+SEED = 0
+
+try:  # transformers is optional: the BERT case skips without it
+    import transformers
+except ImportError:  # pragma: no cover - depends on the environment
+    transformers = None
+
+
+def seed_everything(seed: int = SEED) -> np.random.Generator:
+    """Seeds torch's generator (parameter initialisation) and returns numpy's for the data."""
+    torch.manual_seed(seed)
+    return np.random.default_rng(seed)
+
+
+# --------------------------------------------------------------------------------------------
+# architectures
+
+
+class BasicBlock(nn.Module):
+    """resnet18's basic block: conv-bn-relu-conv-bn, plus the shortcut (conv1x1-bn when the
+    shape changes), then relu."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.relu = nn.ReLU()
+        self.downsample: nn.Module | None = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        shortcut = x if self.downsample is None else self.downsample(x)
+        return self.relu(out + shortcut)
+
+
+class TinyResNet(nn.Module):
+    """resnet18's shape at toy width: stem, one plain and one downsampling block, pool, fc."""
+
+    def __init__(self, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.relu = nn.ReLU()
+        self.layer1 = BasicBlock(8, 8, 1)
+        self.layer2 = BasicBlock(8, 16, 2)
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(16, N_CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.layer2(self.layer1(x))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+class SqueezeExcitation(nn.Module):
+    """mobilenet_v3's squeeze-excitation: pool, conv1x1-relu-conv1x1, HardSigmoid, scale."""
+
+    def __init__(self, channels: int, squeezed: int) -> None:
+        super().__init__()
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc1 = nn.Conv2d(channels, squeezed, 1)
+        self.relu = nn.ReLU()
+        self.fc2 = nn.Conv2d(squeezed, channels, 1)
+        self.scale = nn.Hardsigmoid()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = self.scale(self.fc2(self.relu(self.fc1(self.avgpool(x)))))
+        return x * s
+
+
+class InvertedResidual(nn.Module):
+    """mobilenet_v3's block: expand (1x1-BN-HardSwish), depthwise (3x3-BN-HardSwish), SE,
+    project (1x1-BN), residual when the shape is kept."""
+
+    def __init__(self, cin: int, expanded: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.expand = nn.Sequential(
+            nn.Conv2d(cin, expanded, 1, bias=False), nn.BatchNorm2d(expanded), nn.Hardswish()
+        )
+        self.depthwise = nn.Sequential(
+            nn.Conv2d(expanded, expanded, 3, stride, 1, groups=expanded, bias=False),
+            nn.BatchNorm2d(expanded),
+            nn.Hardswish(),
+        )
+        self.se = SqueezeExcitation(expanded, max(expanded // 4, 4))
+        self.project = nn.Sequential(nn.Conv2d(expanded, cout, 1, bias=False), nn.BatchNorm2d(cout))
+        self.use_residual = stride == 1 and cin == cout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.project(self.se(self.depthwise(self.expand(x))))
+        return out + x if self.use_residual else out
+
+
+class TinyMobileNet(nn.Module):
+    """mobilenet_v3_small's shape at toy width: stem, two inverted residual blocks, last conv,
+    pool, classifier (Linear-HardSwish-Dropout-Linear)."""
+
+    def __init__(self, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1, bias=False), nn.BatchNorm2d(8), nn.Hardswish()),
+            InvertedResidual(8, 16, 8, 1),
+            InvertedResidual(8, 24, 12, 2),
+            nn.Sequential(nn.Conv2d(12, 16, 1, bias=False), nn.BatchNorm2d(16), nn.Hardswish()),
+        )
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.classifier = nn.Sequential(
+            nn.Linear(16, 16), nn.Hardswish(), nn.Dropout(dropout), nn.Linear(16, N_CLASSES)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
+
+
+class TextTransformer(nn.Module):
+    """A text classifier on int64 token ids: Embedding, one TransformerEncoderLayer
+    (batch_first), mean over the tokens, Linear."""
+
+    def __init__(self, dropout: float = 0.0, vocab: int = 20, d_model: int = 16) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab, d_model)
+        self.encoder = nn.TransformerEncoderLayer(d_model, 2, 32, dropout=dropout, batch_first=True)
+        self.head = nn.Linear(d_model, N_CLASSES)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embedding(ids)).mean(dim=1))
+
+
+class TinyBert(nn.Module):
+    """A random-initialised BERT from ``transformers`` (2 layers, hidden 32, 2 heads) with its
+    sequence-classification head; inputs token ids and an attention mask, output the logits."""
+
+    def __init__(self, dropout: float = 0.0) -> None:
+        super().__init__()
+        assert transformers is not None
+        config = transformers.BertConfig(
+            vocab_size=100,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=16,
+            num_labels=N_CLASSES,
+            hidden_dropout_prob=dropout,
+            attention_probs_dropout_prob=dropout,
+            classifier_dropout=dropout,
+        )
+        # eager attention: the export of scaled_dot_product_attention is a different graph per
+        # torch version, the eager one is MatMul/Softmax
+        config._attn_implementation = "eager"
+        self.bert = transformers.BertForSequenceClassification(config)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.bert(input_ids=input_ids, attention_mask=attention_mask).logits
+
+
+class RecurrentRegressor(nn.Module):
+    """A GRU or LSTM (batch_first) on ``[N, T, F]`` sequences, the last step's hidden state,
+    Linear to one value."""
+
+    def __init__(self, cell: str, dropout: float = 0.0, n_features: int = 4, hidden: int = 8) -> None:
+        super().__init__()
+        rnn = nn.GRU if cell == "gru" else nn.LSTM
+        self.rnn = rnn(n_features, hidden, batch_first=True)
+        self.dropout = nn.Dropout(dropout)
+        self.head = nn.Linear(hidden, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.rnn(x)
+        return self.head(self.dropout(out[:, -1]))
+
+
+class Conv1dNet(nn.Module):
+    """Conv1d-BatchNorm1d-ReLU-Dropout, a strided Conv1d, pool over time, Linear to one value,
+    on ``[N, C, T]`` signals."""
+
+    def __init__(self, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv1d(4, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm1d(8)
+        self.relu = nn.ReLU()
+        self.dropout = nn.Dropout(dropout)
+        self.conv2 = nn.Conv1d(8, 8, 3, stride=2, padding=1)
+        self.pool = nn.AdaptiveAvgPool1d(1)
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.dropout(self.relu(self.bn1(self.conv1(x))))
+        return self.head(torch.flatten(self.pool(self.relu(self.conv2(x))), 1))
+
+
+# --------------------------------------------------------------------------------------------
+# the zoo
+
+
+@dataclass(frozen=True)
+class ZooCase:
+    """One architecture of the zoo.
+
+    Attributes
+    ----------
+    name : str
+        The id used in test names and benchmark tables.
+    make : callable
+        ``make(dropout) -> nn.Module``, random-initialised (seed it first: :func:`build`).
+    inputs : callable
+        ``inputs(n, rng) -> dict`` of numpy arrays, by graph input name, in the forward's order.
+    task : str
+        ``'classification'`` (logits of :data:`N_CLASSES` classes, int64 labels, cross-entropy)
+        or ``'regression'`` (one float32 value per row, squared error).
+    head : str
+        The dotted torch name of the last Linear (head-only fine-tuning trains its weight and bias).
+    has_batchnorm : bool
+        Whether the network holds BatchNorm layers (running statistics to compare).
+    """
+
+    name: str
+    make: Callable[[float], nn.Module]
+    inputs: Callable[[int, np.random.Generator], dict[str, np.ndarray]]
+    task: str
+    head: str
+    has_batchnorm: bool = False
+
+
+def _images(n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return {"X": rng.standard_normal((n, 3, 8, 8)).astype(np.float32)}
+
+
+def _ids(n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return {"ids": rng.integers(0, 20, size=(n, 6)).astype(np.int64)}
+
+
+def _bert_inputs(n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    # no id 0: BERT's padding_idx, whose embedding row torch never updates (ONNX's Gather does)
+    ids = rng.integers(1, 100, size=(n, 6)).astype(np.int64)
+    mask = np.ones((n, 6), dtype=np.int64)
+    mask[: n // 2, 4:] = 0  # half of the rows padded: the mask changes the outputs
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _sequences(n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return {"X": rng.standard_normal((n, 5, 4)).astype(np.float32)}
+
+
+def _signals(n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return {"X": rng.standard_normal((n, 4, 16)).astype(np.float32)}
+
+
+ZOO: dict[str, ZooCase] = {
+    case.name: case
+    for case in (
+        ZooCase("resnet", TinyResNet, _images, "classification", "fc", has_batchnorm=True),
+        ZooCase("mobilenet", TinyMobileNet, _images, "classification", "classifier.3", has_batchnorm=True),
+        ZooCase("transformer", TextTransformer, _ids, "classification", "head"),
+        ZooCase("bert", TinyBert, _bert_inputs, "classification", "bert.classifier"),
+        ZooCase("gru", lambda p: RecurrentRegressor("gru", p), _sequences, "regression", "head"),
+        ZooCase("lstm", lambda p: RecurrentRegressor("lstm", p), _sequences, "regression", "head"),
+        ZooCase("conv1d", Conv1dNet, _signals, "regression", "head", has_batchnorm=True),
+    )
+}
+
+EXPORTERS = ("torchscript", "dynamo")
+
+
+def build(name: str, dropout: float = 0.0, seed: int = SEED) -> nn.Module:
+    """The architecture ``name`` with torch's default initialisation under ``seed``, in training
+    mode. Raises ``pytest.skip`` where it needs ``transformers`` and that is not installed."""
+    if name == "bert" and transformers is None:
+        import pytest
+
+        pytest.skip("the BERT case needs `transformers` (pip install transformers)")
+    torch.manual_seed(seed)
+    net = ZOO[name].make(dropout)
+    return net.train()
+
+
+def data(name: str, n: int, seed: int = SEED) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """``n`` rows of inputs (dict by input name) and targets: int64 labels for classifiers,
+    float32 ``[n, 1]`` for regressors."""
+    rng = np.random.default_rng(seed)
+    case = ZOO[name]
+    inputs = case.inputs(n, rng)
+    if case.task == "classification":
+        return inputs, rng.integers(0, N_CLASSES, size=n).astype(np.int64)
+    return inputs, rng.standard_normal((n, 1)).astype(np.float32)
+
+
+# --------------------------------------------------------------------------------------------
+# export
+
+
+def export(
+    net: nn.Module,
+    example: dict[str, np.ndarray],
+    exporter: str = "torchscript",
+    training: bool = True,
+    output_name: str = "Y",
+) -> onnx.ModelProto:
+    """Exports ``net`` with a dynamic batch axis on every input; the model loads in
+    onnxruntime 1.19 (IR <= 10, opset :data:`OPSET`).
+
+    ``exporter='torchscript'``: ``torch.onnx.export(dynamo=False)`` with
+    ``training=TrainingMode.TRAINING`` (or ``EVAL``) and ``do_constant_folding=False``: the
+    settings that keep every parameter an initializer of its own name. ``'dynamo'``:
+    ``torch.onnx.export(dynamo=True)`` of the network in training (or eval) mode; that exporter
+    folds BatchNorm into Conv and merges equal initializers (issue 17, item 8).
+
+    The network's mode is restored afterwards.
+    """
+    names = list(example)
+    args = tuple(torch.from_numpy(example[k]) for k in names)
+    was_training = net.training
+    net.train(training)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the exporters' deprecation and tracer warnings
+            if exporter == "torchscript":
+                model = _export_torchscript(net, args, names, training, output_name)
+            elif exporter == "dynamo":
+                model = _export_dynamo(net, args, names, output_name)
+            else:
+                raise ValueError(f"exporter must be 'torchscript' or 'dynamo', got {exporter!r}")
+    finally:
+        net.train(was_training)
+    model.ir_version = min(model.ir_version, MAX_IR_VERSION)
+    return model
+
+
+def _export_torchscript(
+    net: nn.Module, args: tuple[torch.Tensor, ...], names: list[str], training: bool, output_name: str
+) -> onnx.ModelProto:
+    buffer = io.BytesIO()
+    mode = torch.onnx.TrainingMode.TRAINING if training else torch.onnx.TrainingMode.EVAL
+    torch.onnx.export(
+        net,
+        args,
+        buffer,
+        dynamo=False,
+        input_names=names,
+        output_names=[output_name],
+        dynamic_axes={name: {0: "N"} for name in [*names, output_name]},
+        opset_version=OPSET,
+        training=mode,
+        do_constant_folding=False,
+    )
+    return onnx.load_from_string(buffer.getvalue())
+
+
+def _export_dynamo(
+    net: nn.Module, args: tuple[torch.Tensor, ...], names: list[str], output_name: str
+) -> onnx.ModelProto:
+    batch = torch.export.Dim("N", min=2, max=4096)
+    program = torch.onnx.export(
+        net,
+        args,
+        dynamo=True,
+        input_names=names,
+        output_names=[output_name],
+        dynamic_shapes=tuple({0: batch} for _ in names),
+        opset_version=OPSET,
+        verbose=False,
+    )
+    assert program is not None
+    return program.model_proto
+
+
+# --------------------------------------------------------------------------------------------
+# torch parameter names -> ONNX initializer names
+
+
+@dataclass
+class ParameterMap:
+    """Where each torch tensor (parameter or BatchNorm running statistic) went in the graph.
+
+    Attributes
+    ----------
+    names : dict of str to str
+        Torch name -> the ONNX initializer that holds it: the initializer of the same name and
+        shape (both exporters keep the torch names of the parameters they write as they are), or
+        else the only initializer of equal value and shape, or of equal transposed value
+        (listed in ``transposed``: the dynamo exporter stores some Linear weights transposed).
+    transposed : set of str
+        Torch names whose initializer holds the transpose of the tensor.
+    missing : list of str
+        Torch names no initializer holds (transformed by the exporter: BatchNorm folded into Conv,
+        RNN weights with their gates reordered, zero biases dropped).
+    ambiguous : dict of str to list of str
+        Torch names mapped by value that several initializers hold, or whose initializer holds
+        several torch tensors (the exporter merged equal-valued tensors into one: training ties
+        them). Where several initializers hold the value, the tensor is left out of ``names``.
+    """
+
+    names: dict[str, str]
+    transposed: set[str]
+    missing: list[str]
+    ambiguous: dict[str, list[str]]
+
+    def shared(self) -> dict[str, list[str]]:
+        """Initializer -> the torch names it holds, for initializers holding more than one."""
+        by_init: dict[str, list[str]] = {}
+        for tname, iname in self.names.items():
+            by_init.setdefault(iname, []).append(tname)
+        return {iname: tnames for iname, tnames in by_init.items() if len(tnames) > 1}
+
+
+def torch_tensors(net: nn.Module) -> dict[str, np.ndarray]:
+    """Parameters and floating buffers (BatchNorm running statistics) of ``net`` as numpy."""
+    out = {name: p.detach().numpy().copy() for name, p in net.named_parameters(remove_duplicate=False)}
+    for name, buf in net.named_buffers():
+        if buf.is_floating_point():
+            out[name] = buf.detach().numpy().copy()
+    return out
+
+
+def _equal_initializers(value: np.ndarray, inits: dict[str, np.ndarray]) -> list[str]:
+    return [
+        iname
+        for iname, ivalue in inits.items()
+        if ivalue.shape == value.shape and ivalue.dtype == value.dtype and np.array_equal(ivalue, value)
+    ]
+
+
+def parameter_map(net: nn.Module, model: onnx.ModelProto) -> ParameterMap:
+    """Maps torch names to ONNX initializer names (see :class:`ParameterMap`)."""
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    mapping = ParameterMap({}, set(), [], {})
+    for tname, value in torch_tensors(net).items():
+        if tname in inits and inits[tname].shape == value.shape:
+            mapping.names[tname] = tname
+            continue
+        equal = _equal_initializers(value, inits)
+        if not equal and value.ndim == 2:
+            equal = _equal_initializers(value.T, inits)
+            mapping.transposed.update([tname] if len(equal) == 1 else [])
+        if len(equal) == 1:
+            mapping.names[tname] = equal[0]
+        elif not equal:
+            mapping.missing.append(tname)
+        else:
+            mapping.ambiguous[tname] = equal
+    for iname, tnames in mapping.shared().items():
+        for tname in tnames:
+            mapping.ambiguous.setdefault(tname, [iname])
+    return mapping
+
+
+def head_initializers(name: str, net: nn.Module, model: onnx.ModelProto) -> list[str]:
+    """The ONNX initializers of the last Linear's weight and bias (head-only fine-tuning)."""
+    mapping = parameter_map(net, model)
+    head = ZOO[name].head
+    if f"{head}.weight" not in mapping.names:
+        raise LookupError(f"the head {head!r} of {name!r} has no initializer of its own: {mapping}")
+    # a zero bias the dynamo exporter dropped is not in the graph (nor in the torch copy)
+    return [mapping.names[n] for n in (f"{head}.weight", f"{head}.bias") if n in mapping.names]
+
+
+# --------------------------------------------------------------------------------------------
+# torch running the network as exported
+
+
+def _batchnorm_pairs(net: nn.Module) -> list[tuple[str, str]]:
+    """(conv, batchnorm) module names: ``x.bnK`` follows ``x.convK``, ``seq.1`` follows ``seq.0``
+    (the naming of every zoo network)."""
+    pairs = []
+    for name, module in net.named_modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            prefix, _, last = name.rpartition(".")
+            conv = f"conv{last[2:]}" if last.startswith("bn") else str(int(last) - 1)
+            pairs.append((f"{prefix}.{conv}" if prefix else conv, name))
+    return pairs
+
+
+def _set_module(net: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, attr = name.rpartition(".")
+    setattr(net.get_submodule(parent) if parent else net, attr, module)
+
+
+def fold_batchnorm(net: nn.Module) -> nn.Module:
+    """A copy of ``net`` with every BatchNorm folded into the Conv before it (its running
+    statistics, as in eval mode) and replaced by the identity: what the dynamo exporter writes."""
+    from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+    folded = copy.deepcopy(net).eval()
+    for conv_name, bn_name in _batchnorm_pairs(folded):
+        conv = folded.get_submodule(conv_name)
+        bn = folded.get_submodule(bn_name)
+        assert isinstance(conv, nn.Conv1d | nn.Conv2d)
+        assert isinstance(bn, nn.modules.batchnorm._BatchNorm)
+        _set_module(folded, conv_name, fuse_conv_bn_eval(conv, bn))
+        _set_module(folded, bn_name, nn.Identity())
+    return folded.train(net.training)
+
+
+def as_exported(net: nn.Module, model: onnx.ModelProto) -> nn.Module:
+    """A torch copy of ``net`` that computes what ``model`` computes, for the comparisons where the
+    exporter changed the network (issue 17, item 8): BatchNorm folded into Conv when the graph has
+    no BatchNormalization node, zero biases the graph dropped removed, parameters that the graph
+    holds in one merged initializer tied (one ``nn.Parameter``), and every parameter mapped by
+    name loaded with the initializer's value. Returns ``copy.deepcopy(net)`` for graphs that
+    keep the network (the TorchScript exporter in training mode).
+    """
+    has_bn = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in net.modules())
+    if has_bn and not any(node.op_type == "BatchNormalization" for node in model.graph.node):
+        copied = fold_batchnorm(net)
+    else:
+        copied = copy.deepcopy(net)
+    mapping = parameter_map(copied, model)
+    _drop_missing_biases(copied, mapping)
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    params = dict(copied.named_parameters())
+    with torch.no_grad():
+        for tname, iname in mapping.names.items():
+            if tname in params:
+                value = inits[iname].T if tname in mapping.transposed else inits[iname]
+                params[tname].copy_(torch.from_numpy(np.array(value)))
+    for tnames in mapping.shared().values():
+        first = copied.get_parameter(tnames[0])
+        for tname in tnames[1:]:
+            module, _, attr = tname.rpartition(".")
+            setattr(copied.get_submodule(module), attr, first)
+    return copied
+
+
+def _drop_missing_biases(net: nn.Module, mapping: ParameterMap) -> None:
+    """Zero biases no initializer holds become None: the dynamo exporter drops them (Conv and
+    Gemm lose their bias input), so the graph never trains them."""
+    for name, module in net.named_modules():
+        bias = getattr(module, "bias", None)
+        if isinstance(bias, nn.Parameter) and f"{name}.bias" in mapping.missing and not bias.any():
+            module.bias = None
