@@ -142,7 +142,9 @@ class TrainableGraph:
         return "cross_entropy" if self.kind == "classifier" else "squared_error"
 
 
-def to_trainable_graph(model: Any, X_sample: Any = None) -> TrainableGraph:
+def to_trainable_graph(
+    model: Any, X_sample: Any = None, *, kind: str | None = None, classes: Any = None
+) -> TrainableGraph:
     """The trainable prediction graph of ``model``, checked numerically against it.
 
     Parameters
@@ -156,6 +158,15 @@ def to_trainable_graph(model: Any, X_sample: Any = None) -> TrainableGraph:
         A few rows of input: the first one converts an estimator, up to 64 check the result.
         Without it an estimator is converted from ``n_features_in_`` and random rows check
         the result.
+    kind : {'regressor', 'classifier'} or None, default=None
+        How to read an ONNX graph whose single output is a float tensor: None or
+        ``'regressor'``, as a prediction; ``'classifier'``, as logits (a network cut before its
+        softmax, as torch exports a classifier): [N, K] with K >= 2 gives K classes and their
+        softmax, [N, 1] or [N] one binary logit (that of the second class) and its sigmoid.
+        Graphs with probabilities (skl2onnx's classifiers) and estimators are read as they are.
+    classes : array-like of shape (n_classes,), default=None
+        The labels of the logit columns, in order; None gives the graph's own labels, else
+        0 to n_classes - 1. Only for ONNX graphs read as classifiers.
 
     Returns
     -------
@@ -172,18 +183,22 @@ def to_trainable_graph(model: Any, X_sample: Any = None) -> TrainableGraph:
         For a graph that cannot be made trainable (its subclass
         :class:`~ort_train_core.GraphNotDifferentiableError` for operators without gradient).
     """
+    if kind not in (None, "regressor", "classifier"):
+        raise ValueError(f"kind must be 'regressor', 'classifier' or None, got {kind!r}")
+    labels = None if classes is None else _checked_classes(classes)
+    as_logits = kind == "classifier"
     if isinstance(model, ModelProto):
-        return _from_onnx(model, X_sample)
+        return _from_onnx(model, X_sample, classes=labels, as_logits=as_logits)
     if isinstance(model, (bytes, bytearray, memoryview)):
         proto = ModelProto()
         try:
             proto.ParseFromString(bytes(model))
         except Exception as exc:  # protobuf's DecodeError
             raise ValueError(f"the bytes are not a serialised ONNX model ({exc})") from exc
-        return _from_onnx(proto, X_sample)
+        return _from_onnx(proto, X_sample, classes=labels, as_logits=as_logits)
     if isinstance(model, (str, os.PathLike)):
         # untrusted files: external data must stay in the model's folder, clear parse errors
-        return _from_onnx(load_model(model), X_sample)
+        return _from_onnx(load_model(model), X_sample, classes=labels, as_logits=as_logits)
     if _is_sklearn_estimator(model):
         return _from_estimator(model, X_sample)
     raise TypeError(
@@ -307,7 +322,9 @@ def _from_onnx(
     X_sample: Any,
     classes: np.ndarray | None = None,
     expected_kind: str | None = None,
+    as_logits: bool = False,
 ) -> TrainableGraph:
+    """``as_logits``: a graph with a single float output is a classifier's logits."""
     model = normalise_model(model)
     x_name, sample = _features_and_sample(model, X_sample)
     kind, target = _detect_kind(model)
@@ -319,7 +336,12 @@ def _from_onnx(
         raise ValueError(f"onnxruntime cannot run the model to check the conversion: {exc}") from exc
     work = _rewrite_ml_ops(_select_outputs(model, [target]))
     probability: str | None = None
-    if kind == "classifier":
+    if as_logits and kind == "regressor":
+        kind = "classifier"
+        work, probability, classes = _logits_classifier(work, target, reference, classes)
+        # the probabilities the graph's own logits give: what the trainable graph must give
+        reference = probabilities(reference.reshape(len(sample), -1))
+    elif kind == "classifier":
         work, probability, classes = _classifier_logits(work, model, target, x_name, sample, classes)
     elif len(_output_shape(work, x_name, sample)) == 1:
         work = _reshape_output_2d(work)
@@ -390,6 +412,47 @@ def _classifier_logits(
             f"the logits have {n_cols} column(s), i.e. {n_classes} classes, but there are "
             f"{len(classes)} class labels"
         )
+    return _rename(work, work.graph.output[0].name, LOGITS_NAME), probability, classes
+
+
+def _checked_classes(classes: Any) -> np.ndarray:
+    """``classes`` as a 1-D array of distinct labels."""
+    labels = np.asarray(classes)
+    if labels.ndim != 1 or len(labels) < 2:
+        raise ValueError(f"classes must list two labels or more, got {labels.tolist()!r}")
+    if len(np.unique(labels)) != len(labels):
+        raise ValueError(f"classes must be distinct labels, got {labels.tolist()!r}")
+    return labels
+
+
+def _logits_classifier(
+    work: ModelProto, target: str, logits: np.ndarray, classes: np.ndarray | None
+) -> tuple[ModelProto, str, np.ndarray]:
+    """A graph whose single output is logits, as a classifier: [N, K] (K >= 3, softmax), [N, 2]
+    (the difference of the two columns, a binary logit: softmax([z0, z1])[1] = sigmoid(z1 - z0)),
+    [N, 1] or [N] (one binary logit, sigmoid). Output renamed LOGITS_NAME; the labels: ``classes``,
+    else 0 to n_classes - 1."""
+    if logits.ndim == 1:
+        work = _reshape_output_2d(work)
+        n_cols = 1
+    elif logits.ndim == 2:
+        n_cols = int(logits.shape[1])
+    else:
+        raise ValueError(
+            f"the output {target!r} has shape {list(logits.shape)}: a classifier's logits are "
+            "[N, n_classes], or [N] / [N, 1] for one binary logit"
+        )
+    n_classes = max(n_cols, 2)
+    if classes is None:
+        classes = np.arange(n_classes, dtype=np.int64)
+    if len(classes) != n_classes:
+        raise ValueError(
+            f"the logits {target!r} have {n_cols} column(s), i.e. {n_classes} classes, but classes "
+            f"lists {len(classes)}: {classes.tolist()!r}"
+        )
+    probability = "softmax" if n_cols > 2 else "sigmoid"
+    if n_cols == 2:
+        _append_difference(work, work.graph.output[0].name, _Namer(all_names(work)))
     return _rename(work, work.graph.output[0].name, LOGITS_NAME), probability, classes
 
 

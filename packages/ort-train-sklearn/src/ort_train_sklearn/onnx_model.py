@@ -77,13 +77,17 @@ class _OnnxModelBase(OrtEstimatorMixin):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ConvergenceWarning)
                 model = clone(model).fit(X, y)
-        graph = to_trainable_graph(model, X[:1])
+        graph = to_trainable_graph(model, X[:1], **self._reading())
         if graph.kind != self._expected_kind:
             raise ValueError(
                 f"{type(self).__name__} trains a {self._expected_kind}, but the model is a {graph.kind}; "
                 f"use OnnxModel{graph.kind.capitalize()}"
             )
         return graph
+
+    def _reading(self) -> dict[str, Any]:
+        """How :func:`to_trainable_graph` reads the model (the classifier reads logits)."""
+        return {}
 
     def _initial_graph(self, n_features: int, n_outputs: int, rng: np.random.RandomState) -> ModelProto:
         return self._graph_.model
@@ -214,11 +218,20 @@ class OnnxModelClassifier(OrtClassifierMixin, ClassifierMixin, _OnnxModelBase):
     Parameters
     ----------
     model : onnx.ModelProto, bytes, str, path or estimator, default=None
-        The model to train, from its weights, cut at its logits: an ONNX classifier exported by
-        skl2onnx (or its bytes, or the path of a ``.onnx`` file), or a scikit-learn
-        LogisticRegression, SGDClassifier(loss='log_loss') or MLPClassifier, fitted or not
-        (scikit-learn fits it first), possibly the last step of a Pipeline of StandardScaler
-        steps.
+        The model to train, from its weights, cut at its logits: an ONNX graph whose single
+        output is the logits (a network exported before its softmax, as torch classifiers are),
+        an ONNX classifier exported by skl2onnx (cut at its logits here), or their bytes or the
+        path of a ``.onnx`` file; or a scikit-learn LogisticRegression,
+        SGDClassifier(loss='log_loss') or MLPClassifier, fitted or not (scikit-learn fits it
+        first), possibly the last step of a Pipeline of StandardScaler steps. Logits of shape
+        [N, K] (K >= 2) give K classes: the softmax cross-entropy, ``predict_proba`` is their
+        softmax and ``predict`` their argmax; one logit column ([N, 1] or [N]) is a binary
+        model whose logit is that of the second class (the sigmoid cross-entropy, as torch's
+        ``BCEWithLogitsLoss``). ``to_onnx()`` appends the softmax (or sigmoid) and the label.
+    classes : array-like of shape (n_classes,), default=None
+        The labels of the logit columns, in order (two for one binary logit column). None: the
+        model's own labels (a skl2onnx classifier lists them), else 0 to K - 1. ``y`` may hold
+        only these labels.
     %(weights_to_train)s
     loss : {'cross_entropy'}, default='cross_entropy'
         The cross-entropy of the logits.
@@ -235,6 +248,7 @@ class OnnxModelClassifier(OrtClassifierMixin, ClassifierMixin, _OnnxModelBase):
     _expected_kind = "classifier"
     _parameter_constraints = {
         **_OnnxModelBase._parameter_constraints,
+        "classes": ["array-like", None],
         "loss": [StrOptions({"cross_entropy"})],
     }
 
@@ -242,6 +256,7 @@ class OnnxModelClassifier(OrtClassifierMixin, ClassifierMixin, _OnnxModelBase):
         self,
         model: Any = None,
         *,
+        classes: Any = None,
         weights_to_train: Any = None,
         loss: str = "cross_entropy",
         alpha: float = 0.0,
@@ -265,6 +280,7 @@ class OnnxModelClassifier(OrtClassifierMixin, ClassifierMixin, _OnnxModelBase):
         checkpoint_every: int = 1,
     ) -> None:
         self.model = model
+        self.classes = classes
         self.weights_to_train = weights_to_train
         self.loss = loss
         self.alpha = alpha
@@ -290,15 +306,24 @@ class OnnxModelClassifier(OrtClassifierMixin, ClassifierMixin, _OnnxModelBase):
     def _loss(self, n_outputs: int) -> tuple[str, str, float]:
         return "cross_entropy", "cross_entropy", 1.0
 
+    def _reading(self) -> dict[str, Any]:
+        # a graph whose single output is float is read as logits; an estimator has its classes
+        if isinstance(self.model, BaseEstimator):
+            return {"kind": "classifier"}
+        return {"kind": "classifier", "classes": self.classes}
+
     def _initial_classes(self, y: np.ndarray, classes: Any) -> np.ndarray:
-        """The model's labels, in the order of its logit columns; ``classes`` must name them."""
+        """The model's labels, in the order of its logit columns; ``classes`` (of partial_fit,
+        or the parameter) must name them."""
         own = self._graph_.classes
         assert own is not None  # a classifier's graph always lists its classes
-        if classes is not None and not _same_classes(classes, own):
-            raise ValueError(
-                f"classes={np.asarray(classes).tolist()!r} are not the classes of the model "
-                f"({own.tolist()!r}, one per logit column): pass those, or train a model on these classes"
-            )
+        for given in (classes, self.classes):
+            if given is not None and not _same_classes(given, own):
+                raise ValueError(
+                    f"classes={np.asarray(given).tolist()!r} are not the classes of the model "
+                    f"({own.tolist()!r}, one per logit column): pass those, or train a model on "
+                    "these classes"
+                )
         return own
 
 
