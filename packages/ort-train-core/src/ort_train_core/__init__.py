@@ -15,6 +15,7 @@ from .exceptions import (
     ConvergenceError,
     ConvergenceWarning,
     CudaUnavailableError,
+    ExportedGraphWarning,
     GraphNotDifferentiableError,
     TrainingRuntimeError,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "ElasticLearningLoss",
     "ElasticLearningPenalty",
     "EpochPrinter",
+    "ExportedGraphWarning",
     "GraphNotDifferentiableError",
     "LearningRateAdam",
     "LearningRateSGD",

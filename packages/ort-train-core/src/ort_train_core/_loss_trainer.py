@@ -14,6 +14,7 @@ from onnx import ModelProto, helper
 from ._binding import make_session
 from ._cache import model_digest
 from ._data import DataSpec
+from ._exported import warn_exported_graph
 from ._fit_loop import BaseOrtTrainer
 from ._runtime import Device
 from .checkpoint import TrainingState, model_fingerprint
@@ -149,7 +150,11 @@ class LossGraphTrainer(BaseOrtTrainer):
         loss_model, loss_name = self._build_loss_model()
         inputs = self._find_inputs(loss_model, loss_name)
         trainable = initializers_to_inputs(loss_model, inputs.parameters)
-        return self._graphs_type(params, digest, loss_model, loss_name, inputs, trainable)
+        record = self._graphs_type(params, digest, loss_model, loss_name, inputs, trainable)
+        # once per graph, on the model without the loss (whose penalty reads the weights too):
+        # parameters an exporter merged or BatchNorm it folded
+        warn_exported_graph(record.prediction, inputs.parameters, type(self).__name__)
+        return record
 
     def _model(self) -> ModelProto:
         return self._fit_graphs().loss_model

@@ -22,6 +22,7 @@ import onnx
 from onnx import ModelProto, helper
 
 from ._data import DataSpec, check_fit_arrays
+from ._exported import export_notes, exporter_constants
 from ._io import check_regular_file, load_model
 from ._npz import read_npz
 from .checkpoint import CHECKPOINT_FILE, check_writable_folder, write_atomically
@@ -34,6 +35,7 @@ from .exceptions import (
 from .graph import (
     add_loss_output,
     default_weights_to_train,
+    differentiable_ancestors,
     float_initializers,
     get_metadata,
     initializers_to_inputs,
@@ -459,14 +461,32 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     output = _output_name(model, args.output_index)
     print(f"trainable float initializers (that output {output!r} depends on): {len(weights)}")
     for name in weights:
-        t = floats[name]
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).name
-        print(f"  {name}: {dtype} {tuple(int(d) for d in t.dims)}")
+        print(f"  {name}: {_tensor_text(floats[name])}")
+    _print_export_findings(model, output, weights)
     if reason is None:
         print("gradient graph: yes (ort-train fit can train it)")
     else:
         print(f"gradient graph: no: {reason}")
     return EXIT_OK
+
+
+def _tensor_text(t: onnx.TensorProto) -> str:
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).name
+    return f"{dtype} {tuple(int(d) for d in t.dims)}"
+
+
+def _print_export_findings(model: ModelProto, output: str, weights: list[str]) -> None:
+    """The exporter constants left out of the trained weights, and the warnings fit gives for
+    this graph (merged parameters, BatchNorm possibly folded)."""
+    floats = float_initializers(model)
+    deps, _ = differentiable_ancestors(model, [output])
+    left_out = {n: why for n, why in exporter_constants(model).items() if n in deps}
+    if left_out:
+        print(f"left out (exporter constants, not parameters): {len(left_out)}")
+        for name, why in left_out.items():
+            print(f"  {name}: {_tensor_text(floats[name])}: {why}")
+    for note in export_notes(model, weights):
+        print(f"warning: {note}")
 
 
 def _learning_rate(args: argparse.Namespace) -> BaseLearningRate:

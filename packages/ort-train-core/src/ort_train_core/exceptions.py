@@ -71,6 +71,21 @@ class TrainingInterruptedWarning(RuntimeWarning):
     """
 
 
+class ExportedGraphWarning(UserWarning):
+    """The graph shows what a torch exporter does to parameters: several parameters merged
+    into one tensor (training ties them), or BatchNorm layers possibly folded into Conv
+    weights. The message names the tensors and the export settings that avoid it.
+
+    A tensor shared on purpose (a tied embedding) is legitimate: silence the warning with
+    ``warnings.filterwarnings('ignore', category=ExportedGraphWarning)``.
+
+    Parameters
+    ----------
+    *args
+        As UserWarning's: the message first.
+    """
+
+
 class GraphNotDifferentiableError(ValueError):
     """The gradient graph cannot be built: an operator on the path to the loss has no gradient.
 

@@ -16,6 +16,7 @@ import onnx
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 from ._builder import FLOAT_TYPES, NodeBuilder, unique_name
+from ._exported import export_notes, exporter_constants, warn_exported_graph
 from ._io import validate_model
 from .exceptions import GraphNotDifferentiableError
 from .losses import BaseLearningLoss, BaseLearningPenalty, ElasticLearningPenalty, make_loss, reduce_rows
@@ -29,6 +30,8 @@ __all__ = [
     "ancestors",
     "default_penalized_weights",
     "default_weights_to_train",
+    "export_notes",
+    "exporter_constants",
     "initializer_values",
     "initializers_to_inputs",
     "inputs_to_initializers",
@@ -37,6 +40,7 @@ __all__ = [
     "prediction_graph",
     "prune_to_outputs",
     "unique_name",
+    "warn_exported_graph",
 ]
 
 #: The highest IR version onnxruntime 1.19 loads.
@@ -450,7 +454,29 @@ NO_GRADIENT_INPUTS: dict[str, frozenset[int]] = {
     "Pad": frozenset({2}),
     "Resize": frozenset({1, 2}),
     "Upsample": frozenset({1}),
+    # shapes, masks and indices: integer or bool in the standard, named here so that a value
+    # onnx cannot type (past an operator of another domain) does not make a tensor a weight
+    "ConstantOfShape": frozenset({0}),
+    "Expand": frozenset({1}),
+    "Gather": frozenset({1}),
+    "GatherElements": frozenset({1}),
+    "GatherND": frozenset({1}),
+    "Reshape": frozenset({1}),
+    "ScatterElements": frozenset({1}),
+    "ScatterND": frozenset({1}),
+    "Slice": frozenset({1, 2, 3, 4}),
+    "Tile": frozenset({1}),
+    "Where": frozenset({0}),
 }
+
+#: operators whose outputs carry no gradient to any input: comparisons, masks, shapes, indices
+NO_GRADIENT_OPS = frozenset(
+    {
+        *("Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Not", "And", "Or", "Xor"),
+        *("IsNaN", "IsInf", "Shape", "Size", "NonZero", "ArgMax", "ArgMin", "Range", "EyeLike"),
+        *("RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial"),
+    }
+)
 
 
 def infer_without_data(model: ModelProto) -> onnx.GraphProto | None:
@@ -501,7 +527,8 @@ def differentiable_ancestors(
     reaches the outputs only through one (the threshold of a label, a classifier's classes) has
     none, and the operators past it (ai.onnx.ml's ArrayFeatureExtractor on a label path) need
     no gradient. Nor does it flow into the inputs of :data:`NO_GRADIENT_INPUTS` (a
-    BatchNormalization's running mean). A value of unknown type counts as float. ``types``:
+    BatchNormalization's running mean, a Where's condition) or of :data:`NO_GRADIENT_OPS` (a
+    comparison, a Range). A value of unknown type counts as float. ``types``:
     :func:`value_types`."""
     known = value_types(model) if types is None else types
 
@@ -510,6 +537,8 @@ def differentiable_ancestors(
             return False
         if node is None or k is None or node.domain not in ("", "ai.onnx"):
             return True
+        if node.op_type in NO_GRADIENT_OPS:
+            return False
         return k not in NO_GRADIENT_INPUTS.get(node.op_type, ())
 
     return _walk_back(model, outputs, carries_gradient)
@@ -558,7 +587,9 @@ def default_weights_to_train(
 ) -> list[str]:
     """The float initializers the loss (or any of several outputs) depends on through float
     values (those with a gradient: :func:`differentiable_ancestors`), in the graph's
-    initializer order.
+    initializer order: the parameters. Exporter constants are left out (0-d scalars such as an
+    attention mask's fill value, torch buffers, one-element constants folded by the dynamo
+    exporter: :func:`exporter_constants`); name one in ``weights_to_train`` to train it.
 
     Parameters
     ----------
@@ -576,7 +607,8 @@ def default_weights_to_train(
     """
     names = [loss_name] if isinstance(loss_name, str) else loss_name
     deps, _ = differentiable_ancestors(model, names, types)
-    return [name for name in float_initializers(model) if name in deps]
+    constants = exporter_constants(model)
+    return [name for name in float_initializers(model) if name in deps and name not in constants]
 
 
 def default_penalized_weights(model: ModelProto, weights: Iterable[str]) -> list[str]:

@@ -30,6 +30,7 @@ from ort_train_core.graph import (
     normalise_model,
     nothing_to_train_error,
     unique_name,
+    warn_exported_graph,
 )
 
 #: ONNX element types and the torch dtypes that carry them
@@ -321,6 +322,7 @@ class OnnxModule(nn.Module):
         self._input_shapes = [_declared_shape(graph_inputs[n]) for n in self.input_names]
         attrs = _attribute_names(weights)
         self.onnx_names: dict[str, str] = dict(zip(attrs, weights))
+        warn_exported_graph(model, weights, "OnnxModule")
         values = initializer_values(model, weights)
         bad = describe_non_finite(values)
         if bad:  # not an error: torch modules are often built first and initialised after
