@@ -87,9 +87,7 @@ class OrtTrainingBackend:
             gap = _gradient_gap(text)
             if gap:
                 raise GraphNotDifferentiableError(gap) from exc
-            raise GraphNotDifferentiableError(
-                f"onnxruntime could not build the gradient graph: {text.splitlines()[0]}"
-            ) from exc
+            raise GraphNotDifferentiableError(_build_failure(text, "the gradient graph")) from exc
         out = onnx.load_from_string(builder.get_model())
         out.ir_version = min(out.ir_version, MAX_IR_VERSION)
         if seed != loss_name:
@@ -328,8 +326,37 @@ def _build_error(exc: Exception, weights: Sequence[str]) -> GraphNotDifferentiab
     gap = _gradient_gap(message)
     if gap:
         return GraphNotDifferentiableError(gap)
-    first = message.splitlines()[0] if message else type(exc).__name__
-    return GraphNotDifferentiableError(f"onnxruntime could not build the forward/backward graphs: {first}")
+    return GraphNotDifferentiableError(
+        _build_failure(message or type(exc).__name__, "the forward/backward graphs")
+    )
+
+
+#: onnxruntime's own words after the C++ context of its exceptions
+_ORT_WORDS = re.compile(r"\[ONNXRuntimeError\] : \d+ : \w+ : (.*)")
+#: the C++ source location and function signature an ORT_ENFORCE message starts with
+_CPP_PREFIX = re.compile(r"^\S+\.(?:cc|cpp|h):\d+ .*\) ")
+#: the node an onnxruntime graph error is about, and the kind of error
+_NODE_OP = re.compile(r"Node \(([^)]*)\) Op \(([^)]*)\)\s*(?:\[(\w+)\])?\s*")
+_CHECK_MODEL = "check the model with onnx.checker.check_model(model, full_check=True)"
+
+
+def _build_failure(text: str, what: str) -> str:
+    """onnxruntime's failure to build ``what``, in its words without the C++ context: the node
+    and operator it names, and what to do."""
+    first = text.strip().splitlines()[0] if text.strip() else text
+    words = _ORT_WORDS.search(text)
+    detail = words.group(1).strip() if words else _CPP_PREFIX.sub("", first).strip()
+    found = _NODE_OP.search(detail)
+    if found is None:
+        return f"onnxruntime could not build {what}: {detail}; {_CHECK_MODEL}"
+    node, op, category = found.groups()
+    where = f"node {node!r} (operator {op})" if node else f"operator {op}"
+    problem = re.sub(r"(?<!^)(?=[A-Z])", " ", category).lower() if category else "error"
+    rest = detail[found.end() :].strip().rstrip(".")
+    return (
+        f"onnxruntime could not build {what}: {where}: {problem}: {rest}; {_CHECK_MODEL} and fix "
+        "that node, or leave the weights before it out of weights_to_train"
+    )
 
 
 def _module_graphs(

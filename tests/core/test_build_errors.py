@@ -1,0 +1,88 @@
+"""Every failure to build the gradient graphs names the operator and the node, says what to do,
+and shows none of onnxruntime's C++ context (issue 17, item 10), on each route: the fused step
+(OrtGradientOptimizer), the forward/backward pair of the partial loop
+(OrtGradientForwardBackwardOptimizer) and of a layer (OrtGradientForwardBackward)."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from ort_train_core import (
+    GraphNotDifferentiableError,
+    OrtGradientForwardBackward,
+    OrtGradientForwardBackwardOptimizer,
+    OrtGradientOptimizer,
+    add_loss_output,
+)
+
+X = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+#: what onnxruntime's messages carry before their own words: the C++ source and signature
+CPP_CONTEXT = re.compile(r"onnxruntime_src|\.cc:\d+|pybind11|std::|\[ONNXRuntimeError\]")
+
+
+def _model(op: str, node_name: str) -> onnx.ModelProto:
+    """X @ W, then ``op``: Softplus (no gradient in onnxruntime-training) or Mod of [N, 3] by a
+    [2] tensor (shapes onnxruntime's graph builder refuses)."""
+    inits = [numpy_helper.from_array(np.full((3, 3), 0.3, np.float32), "W")]
+    nodes = [helper.make_node("MatMul", ["X", "W"], ["h"], name="matmul")]
+    if op == "Mod":
+        inits.append(numpy_helper.from_array(np.ones(2, np.float32), "divisor"))
+        nodes.append(helper.make_node("Mod", ["h", "divisor"], ["Y"], name=node_name, fmod=1))
+    else:
+        nodes.append(helper.make_node(op, ["h"], ["Y"], name=node_name))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 3])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 3])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _build(route: str, model: onnx.ModelProto) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if route == "full":
+            OrtGradientOptimizer(add_loss_output(model), max_iter=1, batch_size=4).fit(X, X)
+        elif route == "partial":
+            OrtGradientForwardBackwardOptimizer(model, max_iter=1, batch_size=4).fit(X, X)
+        else:
+            OrtGradientForwardBackward(model)
+
+
+ROUTES = ["full", "partial", "layer"]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("node_name", ["act", ""], ids=["named", "unnamed"])
+def test_operator_without_gradient_is_named_with_its_node(route: str, node_name: str) -> None:
+    with pytest.raises(GraphNotDifferentiableError) as info:
+        _build(route, _model("Softplus", node_name))
+    message = str(info.value)
+    assert "operator Softplus" in message
+    assert "has no gradient" in message
+    if node_name:
+        assert "node 'act'" in message
+    assert "weights_to_train" in message  # what to do
+    assert not CPP_CONTEXT.search(message), message
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_graph_builder_failure_names_node_and_operator(route: str) -> None:
+    """A failure that is not a missing gradient (here onnxruntime's shape inference) still says
+    which node, which operator and what to do, in onnxruntime's words without its C++ context."""
+    with pytest.raises(GraphNotDifferentiableError) as info:
+        _build(route, _model("Mod", "bad_mod"))
+    message = str(info.value)
+    assert "node 'bad_mod'" in message
+    assert "operator Mod" in message
+    assert "Incompatible dimensions" in message
+    assert "check_model" in message
+    assert not CPP_CONTEXT.search(message), message
