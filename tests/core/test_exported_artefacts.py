@@ -273,3 +273,28 @@ def test_batchnorm_kept_by_a_training_export_is_not_reported(capsys, tmp_path) -
     model = _export(SmallCNN(), 3 * 8 * 8, "torchscript", training=True)
     assert "BatchNormalization" in {n.op_type for n in model.graph.node}
     assert "\nwarning: " not in _inspect(capsys, tmp_path, model)
+
+
+class Scaled(nn.Module):
+    """A 0-d parameter (a learned temperature) and a float buffer (torch does not train it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, N_CLASSES)
+        self.temperature = nn.Parameter(torch.tensor(1.5))
+        self.register_buffer("scale", torch.tensor([2.0, 3.0, 4.0, 5.0]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x * self.scale) * self.temperature
+
+
+def test_torch_tags_decide_for_0d_parameters_and_buffers(capsys, tmp_path) -> None:
+    """The dynamo exporter tags parameters and buffers: its 0-d parameter is trained, its buffer
+    is not. The TorchScript exporter tags nothing: a 0-d tensor is left out, and inspect says how
+    to train it."""
+    dynamo = _export(Scaled(), 4, "dynamo", training=True)
+    assert sorted(default_weights_to_train(dynamo, "logits")) == ["lin.bias", "lin.weight", "temperature"]
+    torchscript = _export(Scaled(), 4, "torchscript", training=True)
+    assert sorted(default_weights_to_train(torchscript, "logits")) == ["lin.bias", "lin.weight", "scale"]
+    printed = _inspect(capsys, tmp_path, torchscript)
+    assert "temperature: float32 (): a 0-d constant (name it in weights_to_train" in printed
