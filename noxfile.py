@@ -36,7 +36,16 @@ TEST_SUITES = {
     "sklearn": (["ort-train-core", "ort-train-sklearn"], [], "tests/sklearn_adapter"),
     # torch first, pinned: the adapter's own `torch>=2.1` would otherwise fetch a CUDA build
     "torch": (["ort-train-core", "ort-train-torch"], [TORCH], "tests/torch_adapter"),
+    # issue 17's zoo: architectures exported from torch (both exporters; the dynamo one needs
+    # onnxscript), trained by every route of the three distributions (about a minute)
+    "zoo": (
+        ["ort-train-core", "ort-train-sklearn", "ort-train-torch"],
+        [TORCH, "transformers", "onnxscript", "scikit-learn", "skl2onnx"],
+        "tests/zoo",
+    ),
 }
+# suites that need torch, provided for Python 3.11 only
+_TORCH_SUITES = ("torch", "zoo")
 
 
 @nox.session(python=PYTHONS)
@@ -49,10 +58,10 @@ def tests(session: nox.Session, package: str, device: str) -> None:
             session.skip("no NVIDIA GPU on this machine: the cuda tests run where one exists")
         if session.python != "3.11":
             session.skip("onnxruntime-training (CUDA) has wheels for Python <= 3.11 only")
-    if package == "torch" and session.python != "3.11":
+    if package in _TORCH_SUITES and session.python != "3.11":
         session.skip("torch==2.13.0 (CPU build) is provided for Python 3.11 only on this machine class")
     (core, *adapters), extra, folder = TEST_SUITES[package]
-    if package == "torch":
+    if package in _TORCH_SUITES:
         session.install(TORCH)
     session.install("-e", f"packages/{core}[{device}]")
     for dist in adapters:

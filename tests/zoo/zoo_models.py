@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import io
+import re
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -456,15 +457,40 @@ def _equal_initializers(value: np.ndarray, inits: dict[str, np.ndarray]) -> list
     ]
 
 
+def _torch_names_read(model: onnx.ModelProto) -> dict[str, str]:
+    """Initializer -> the torch FX nodes (text) of the ONNX nodes reading it, where the dynamo
+    exporter recorded them (``pkg.torch.onnx.fx_node``: ``%p_<name>`` for each parameter read)."""
+    read: dict[str, str] = {}
+    for node in model.graph.node:
+        fx = " ".join(p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.fx_node")
+        for name in node.input:
+            read[name] = read.get(name, "") + " " + fx
+    return read
+
+
+def _reads(fx_text: str, tname: str) -> bool:
+    # torch.export writes the placeholder of parameter ``a.B.c`` as ``%p_a_b_c``
+    return re.search(rf"%p_{re.escape(tname.replace('.', '_').lower())}\b", fx_text) is not None
+
+
 def parameter_map(net: nn.Module, model: onnx.ModelProto) -> ParameterMap:
-    """Maps torch names to ONNX initializer names (see :class:`ParameterMap`)."""
+    """Maps torch names to ONNX initializer names (see :class:`ParameterMap`).
+
+    A constant-filled tensor (a zero bias, LayerNorm's ones) equals many others: where the graph
+    records the torch nodes (dynamo exporter), it maps to an initializer only when a node reading
+    that initializer read the torch parameter, so that a zero bias the exporter dropped is
+    ``missing`` instead of tied to another zero tensor.
+    """
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    read = _torch_names_read(model)
     mapping = ParameterMap({}, set(), [], {})
     for tname, value in torch_tensors(net).items():
         if tname in inits and inits[tname].shape == value.shape:
             mapping.names[tname] = tname
             continue
         equal = _equal_initializers(value, inits)
+        if value.size > 1 and np.all(value == value.flat[0]) and any(read.values()):
+            equal = [iname for iname in equal if _reads(read.get(iname, ""), tname)]
         if not equal and value.ndim == 2:
             equal = _equal_initializers(value.T, inits)
             mapping.transposed.update([tname] if len(equal) == 1 else [])
@@ -530,7 +556,7 @@ def fold_batchnorm(net: nn.Module) -> nn.Module:
 def as_exported(net: nn.Module, model: onnx.ModelProto) -> nn.Module:
     """A torch copy of ``net`` that computes what ``model`` computes, for the comparisons where the
     exporter changed the network (issue 17, item 8): BatchNorm folded into Conv when the graph has
-    no BatchNormalization node, zero biases the graph dropped removed, parameters that the graph
+    no BatchNormalization node, zero biases the graph dropped made constants, parameters that the graph
     holds in one merged initializer tied (one ``nn.Parameter``), and every parameter mapped by
     name loaded with the initializer's value. Returns ``copy.deepcopy(net)`` for graphs that
     keep the network (the TorchScript exporter in training mode).
@@ -558,9 +584,12 @@ def as_exported(net: nn.Module, model: onnx.ModelProto) -> nn.Module:
 
 
 def _drop_missing_biases(net: nn.Module, mapping: ParameterMap) -> None:
-    """Zero biases no initializer holds become None: the dynamo exporter drops them (Conv and
-    Gemm lose their bias input), so the graph never trains them."""
+    """Zero biases no initializer holds become constant zeros (buffers, not parameters): the
+    dynamo exporter drops them (Conv and Gemm lose their bias input), so the graph never trains
+    them. Zeros rather than None: torch's MultiheadAttention expects a bias tensor."""
     for name, module in net.named_modules():
         bias = getattr(module, "bias", None)
         if isinstance(bias, nn.Parameter) and f"{name}.bias" in mapping.missing and not bias.any():
-            module.bias = None
+            zeros = bias.detach().clone()
+            del module.bias
+            module.register_buffer("bias", zeros)
