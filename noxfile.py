@@ -128,10 +128,11 @@ def bench(session: nox.Session) -> None:
     # torch first, pinned (on a GPU machine PyPI's torch==2.13.0 is a CUDA build)
     session.install("torch==2.13.0")
     _install_core(session, device)
-    session.install("scikit-learn", "skl2onnx", "matplotlib", "psutil")
+    # transformers: the zoo table's BERT (bench_zoo.py skips it without)
+    session.install("scikit-learn", "skl2onnx", "matplotlib", "psutil", "transformers")
     session.install("-e", "packages/ort-train-sklearn", "-e", "packages/ort-train-torch")
     # the matrix (every route, PNG plots), then the target benchmarks of the training loops,
-    # OrtMLPRegressor and OnnxModule; `-- --quick`, `-- --device cuda`
+    # OrtMLPRegressor, OnnxModule and the zoo (issue 17); `-- --quick`, `-- --device cuda`
     session.run("python", "benchmarks/run.py", *args)
 
 
