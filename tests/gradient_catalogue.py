@@ -848,6 +848,31 @@ def _layer_norm_y_only() -> Case:
     return _form("layer_norm", [node], inputs, weights, fn)
 
 
+def _batch_norm_training() -> Case:
+    """BatchNormalization in training mode (batch statistics), as torch's TorchScript exporter
+    writes it with ``training=TrainingMode.TRAINING`` (issue 17, item 2): the fused route's
+    gradient builder had none; rewritten into com.microsoft.BatchNormInternal. The running
+    statistics are constants here (no gradient)."""
+    # not seed 0: output_gradient draws G from it, and G = X / 1.5 would cancel X's gradient
+    rng = np.random.default_rng(1)
+    inputs = {"X": _values(rng, [4, 3, 2, 2])}
+    weights = {"scale": _values(rng, [3], True), "bias": _values(rng, [3])}
+    consts = {"mean": np.zeros(3, np.float32), "var": np.ones(3, np.float32)}
+    node = helper.make_node(
+        "BatchNormalization",
+        ["X", "scale", "bias", "mean", "var"],
+        ["Y", "running_mean", "running_var"],
+        epsilon=1e-5,
+        momentum=0.9,
+        training_mode=1,
+    )
+
+    def fn(t: Any, x: list[Any], w: dict[str, Any]) -> Any:
+        return t.nn.functional.batch_norm(x[0], None, None, w["scale"], w["bias"], training=True, eps=1e-5)
+
+    return _form("batch_norm", [node], inputs, weights, fn, consts)
+
+
 KNOWN_LIMITS: dict[str, Callable[[], Case]] = {"symbolic_dim_of_1_broadcast": _symbolic_one_broadcast}
 
 
@@ -882,6 +907,8 @@ PINNED_FORMS: dict[str, Callable[[], Case]] = {
     "hard_swish": _hard_form("HardSwish"),
     # the gradient failed an assertion without the optional Mean/InvStdDev outputs
     "layer_norm_y_only": _layer_norm_y_only,
+    # no gradient in GradientGraphBuilder: rewritten into com.microsoft.BatchNormInternal
+    "batch_norm_training": _batch_norm_training,
     # no gradient in onnxruntime: refused with the operator and the fix
     "pow_weight_exponent": _pow_exponent,
     "cumsum": _cumsum,

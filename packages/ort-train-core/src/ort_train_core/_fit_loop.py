@@ -679,16 +679,20 @@ class BaseOrtTrainer(ParamsMixin):
         return identity
 
     def get_trained_onnx(self) -> ModelProto:
-        """The prediction graph with the current weights as initializers.
+        """The prediction graph with the current weights (and BatchNormalization's running
+        statistics) as initializers; BatchNormalization normalises with its running statistics,
+        as torch's ``eval()`` does.
 
         Returns
         -------
         onnx.ModelProto
             A new model, checked by ``onnx.checker``.
         """
+        from ._batchnorm import inference_form
         from .graph import inputs_to_initializers
 
         model = inputs_to_initializers(self._prediction_model(), self._current_state().weights)
+        model = inference_form(model)
         onnx.checker.check_model(model)
         return model
 

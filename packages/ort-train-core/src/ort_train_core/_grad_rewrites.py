@@ -37,6 +37,10 @@ listed here:
 * ``LayerNormalization`` without its optional ``Mean``/``InvStdDev`` outputs (both torch
   exporters leave them out): onnxruntime's gradient reads them and fails an assertion that
   names neither node nor operator. The two outputs are added.
+* ``BatchNormalization`` in training mode: ``GradientGraphBuilder`` (the fused step) has no
+  gradient for it; onnxruntime's ``com.microsoft.BatchNormInternal`` (what its module graph
+  builder writes itself) computes the same ``Y`` and has one. Its running statistics are
+  state, updated apart (``_batchnorm``): the rewritten node's own ones go nowhere.
 
 Operators onnxruntime has no gradient for at all (CumSum, Softplus, GlobalMaxPool, ReduceMax,
 ...) are refused by the gradient builders with the operator's name and the fix.
@@ -121,6 +125,9 @@ def rewrite_for_gradient(model: ModelProto, differentiated: Sequence[str]) -> Mo
     out.CopyFrom(model)
     del out.graph.node[:]
     out.graph.node.extend(new_nodes)
+    uses_ms = any(n.domain == "com.microsoft" for n in new_nodes)
+    if uses_ms and not any(o.domain == "com.microsoft" for o in out.opset_import):
+        out.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return out
 
 
@@ -347,7 +354,23 @@ def _layer_norm_outputs(b: NodeBuilder, node: onnx.NodeProto, graph: _Graph) -> 
     b.nodes.append(new)
 
 
+def _batch_norm(b: NodeBuilder, node: onnx.NodeProto, graph: _Graph) -> None:
+    """BatchNormalization in training mode as com.microsoft.BatchNormInternal (inputs X, scale,
+    B, input_mean, input_var; outputs Y, running_mean, running_var, saved_mean,
+    saved_inv_std): the same Y, and a gradient in both of onnxruntime's builders. Leaves
+    ``b.nodes`` empty in inference mode (nothing to rewrite: no gradient there either way)."""
+    if _attr(node, "training_mode", 0) != 1 or len(node.input) != 5:
+        return
+    hints = ["bn_running_mean", "bn_running_var", "bn_saved_mean", "bn_saved_inv_std"]
+    outputs = [node.output[0], *(b.name(h) for h in hints)]
+    name = node.name or b.name("n_BatchNorm")
+    new = helper.make_node("BatchNormInternal", list(node.input), outputs, name=name, domain="com.microsoft")
+    new.attribute.extend(node.attribute)
+    b.nodes.append(new)
+
+
 _REWRITERS: dict[str, Rewriter] = {
+    "BatchNormalization": _batch_norm,
     "HardSigmoid": _hard_sigmoid,
     "HardSwish": _hard_swish,
     "LayerNormalization": _layer_norm_outputs,

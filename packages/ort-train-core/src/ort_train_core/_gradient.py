@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import onnx
 from onnx import ModelProto, helper
 
+from ._batchnorm import update_outputs
 from ._builder import NodeBuilder
 from ._runtime import Device
 from .graph import MAX_IR_VERSION, MIN_OPSET, all_names
@@ -43,6 +44,9 @@ class FusedStepSignature:
         The learning rate's 0-d inputs (its rate, bias corrections).
     loss : str
         The loss output.
+    statistics, new_statistics : list of str
+        BatchNormalization's running statistics read, and the outputs their updated values go
+        to (index-wise; see :mod:`._batchnorm`).
     """
 
     data_inputs: list[str]
@@ -52,6 +56,8 @@ class FusedStepSignature:
     new_states: list[list[str]] = field(default_factory=list)
     scalars: list[str] = field(default_factory=list)
     loss: str = "loss"
+    statistics: list[str] = field(default_factory=list)
+    new_statistics: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -200,12 +206,14 @@ def fused_step_from_gradients(
         signature.
     """
     g = grad_model.graph
-    data_inputs = [i.name for i in g.input if i.name not in set(weights)]
+    updates = update_outputs(grad_model)  # running statistics, fed and output like weights
+    data_inputs = [i.name for i in g.input if i.name not in set(weights) and i.name not in updates]
     elem_type = next(o.type.tensor_type.elem_type for o in g.output if o.name == loss_name)
     opset = next((o.version for o in grad_model.opset_import if o.domain in ("", "ai.onnx")), 17)
     b = NodeBuilder(elem_type, opset, all_names(grad_model), prefix="opt_")
     scalars = {s: b.name(s) for s in learning_rate.scalar_names}
     sig = FusedStepSignature(data_inputs, list(weights), [], scalars=list(scalars.values()), loss=loss_name)
+    sig.statistics, sig.new_statistics = list(updates), list(updates.values())
     weight_types = {i.name: i.type for i in g.input}
     new_inputs: list[onnx.ValueInfoProto] = []
     for w in weights:
@@ -221,6 +229,7 @@ def fused_step_from_gradients(
     outputs = [next(o for o in g.output if o.name == loss_name)]
     for w, w_new, new_states in zip(weights, sig.new_weights, sig.new_states):
         outputs.extend(_typed_like(name, weight_types[w]) for name in [w_new, *new_states])
+    outputs.extend(_typed_like(updates[s], weight_types[s]) for s in sig.statistics)
     del g.output[:]
     g.output.extend(outputs)
     return grad_model, sig

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from onnx import ModelProto, helper
 
+from . import _batchnorm as batchnorm
 from ._binding import make_session
 from ._cache import model_digest
 from ._data import DataSpec
@@ -44,12 +45,16 @@ class GraphInputs:
         The sample-weight input, None when the loss takes none.
     features : list of str
         The feature inputs.
+    statistics : list of str
+        The running statistics of training-mode BatchNormalization nodes: state the steps
+        update, not parameters (:mod:`._batchnorm`).
     """
 
     parameters: list[str]
     label: str
     sample_weight: str | None
     features: list[str]
+    statistics: list[str] = field(default_factory=list)
 
     @property
     def data(self) -> list[str]:
@@ -93,6 +98,27 @@ class FitGraphs:
     def prediction(self) -> ModelProto:
         """The prediction graph inside the loss graph, initial weights as initializers."""
         return prediction_graph(self.loss_model, self.loss_name)
+
+    @functools.cached_property
+    def stepping(self) -> ModelProto:
+        """The loss graph the training steps run: trained weights and running statistics as
+        inputs, the updated statistics as outputs (``trainable`` itself without statistics)."""
+        stats = self.inputs.statistics
+        if not stats:
+            return self.trainable
+        model = initializers_to_inputs(self.loss_model, [*self.inputs.parameters, *stats])
+        return batchnorm.with_updates(model, stats)[0]
+
+    @functools.cached_property
+    def evaluating(self) -> ModelProto:
+        """The loss graph of the validation loss: trained weights and running statistics as
+        inputs, BatchNormalization normalising with the running statistics (torch's eval())."""
+        stats = self.inputs.statistics
+        if not stats:
+            return self.trainable
+        return batchnorm.inference_form(
+            initializers_to_inputs(self.loss_model, [*self.inputs.parameters, *stats])
+        )
 
     @functools.cached_property
     def fingerprint(self) -> str:
@@ -177,11 +203,12 @@ class LossGraphTrainer(BaseOrtTrainer):
             parameters = default_weights_to_train(model, loss_name)
         if not parameters:
             raise nothing_to_train_error(model, loss_name)
+        statistics = [n for n in batchnorm.running_statistics(model) if n not in parameters]
         inits = {i.name for i in model.graph.initializer}
         features = [n for n in inputs if n not in {label, weight} and n not in inits]
         if len(features) != 1:
             raise ValueError(f"fit feeds one feature input, but the model has {len(features)}: {features}")
-        return GraphInputs(parameters, label, weight, features)
+        return GraphInputs(parameters, label, weight, features, statistics)
 
     def _data_spec(self) -> DataSpec:
         model = self._model()
@@ -205,7 +232,8 @@ class LossGraphTrainer(BaseOrtTrainer):
         )
 
     def _initial_state(self) -> TrainingState:
-        return TrainingState(initializer_values(self._model(), self._inputs().parameters))
+        inputs = self._inputs()
+        return TrainingState(initializer_values(self._model(), [*inputs.parameters, *inputs.statistics]))
 
     def _prediction_model(self) -> ModelProto:
         return self._fit_graphs().prediction
@@ -223,5 +251,5 @@ class LossGraphTrainer(BaseOrtTrainer):
         evaluators = self._fit_graphs().evaluators
         key = str(device)
         if key not in evaluators:
-            evaluators[key] = make_session(self._trainable_model(), device)
+            evaluators[key] = make_session(self._fit_graphs().evaluating, device)
         return evaluators[key]

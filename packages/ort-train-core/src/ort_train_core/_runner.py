@@ -49,8 +49,12 @@ class DoubleBufferedRunner:
         self.data_names = data_names
         dtype = next(iter(state.weights.values())).dtype
         self.dtype = dtype
+        #: BatchNormalization's running statistics: state beside the weights (in
+        #: ``state.weights``), double-buffered like them but updated by the step's outputs
+        self.statistic_names = [n for n in state.weights if n not in set(self.weight_names)]
         self.buffers = {
-            w: [DeviceArray(state.weights[w], device) for _ in range(2)] for w in self.weight_names
+            w: [DeviceArray(state.weights[w], device) for _ in range(2)]
+            for w in [*self.weight_names, *self.statistic_names]
         }
         opt = state.optimizer
         self.states = {
@@ -126,6 +130,9 @@ class DoubleBufferedRunner:
                 raw_out(s_out, self.states[w][j][1 - parity].ortvalue)
         for name, ov in zip(sig.scalars, self.scalar_values):
             raw_in(name, ov)
+        for s_in, s_out in zip(getattr(sig, "statistics", ()), getattr(sig, "new_statistics", ())):
+            raw_in(s_in, self.buffers[s_in][parity].ortvalue)
+            raw_out(s_out, self.buffers[s_in][1 - parity].ortvalue)
 
     def _write_scalars(self) -> None:
         for host, value in zip(self.scalar_host, self.lr.scalar_values(self.epoch, self.n_steps + 1)):
@@ -140,21 +147,22 @@ class DoubleBufferedRunner:
     def snapshot(self) -> TrainingState:
         p = self.parity
         return TrainingState(
-            {w: self.buffers[w][p].read() for w in self.weight_names},
+            {w: buffers[p].read() for w, buffers in self.buffers.items()},
             {w: [s[p].read() for s in self.states[w]] for w in self.weight_names if self.states[w]},
             self.n_steps,
         )
 
     def restore(self, state: TrainingState) -> None:
         p = self.parity
+        for w, buffers in self.buffers.items():
+            buffers[p].write(state.weights[w])
         for w in self.weight_names:
-            self.buffers[w][p].write(state.weights[w])
             for j, s in enumerate(self.states[w]):
                 s[p].write(state.optimizer[w][j])
         self.n_steps = state.n_steps
 
     def validation_loss(self) -> float:
-        for w in self.weight_names:
-            self.eval_binding.bind_input(w, self.buffers[w][self.parity].ortvalue)
+        for w, buffers in self.buffers.items():
+            self.eval_binding.bind_input(w, buffers[self.parity].ortvalue)
         self.eval_binding.run()
         return float(self.val_loss_host)

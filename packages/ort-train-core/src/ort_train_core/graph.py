@@ -641,7 +641,16 @@ def check_weights(
         raise ValueError(f"weights_to_train has duplicates: {list(weights)}")
     inits = {i.name: i for i in model.graph.initializer}
     deps, _ = differentiable_ancestors(model, [output], types)
+    from ._batchnorm import running_statistics  # it builds on this module
+
+    statistics = set(running_statistics(model))
     for name in weights:
+        if name in statistics:
+            raise ValueError(
+                f"{name!r} is a BatchNormalization's running statistic: state that training updates "
+                "with the node's momentum (as torch does), not a parameter; leave it out of "
+                "weights_to_train"
+            )
         if name not in inits:
             raise ValueError(
                 f"weight {name!r} is not an initializer of the graph; initializers are {sorted(inits)}"

@@ -249,7 +249,7 @@ class OrtGradientOptimizer(LossGraphTrainer):
         key = (batch, str(device), repr(lr))
         if key not in graphs.steps:
             inputs = graphs.inputs
-            model = set_batch_dimension(graphs.trainable, inputs.data, batch)
+            model = set_batch_dimension(graphs.stepping, inputs.data, batch)
             graph, sig, threads = fused_step_graph(
                 model, graphs.loss_name, inputs.parameters, batch, device, lr
             )
