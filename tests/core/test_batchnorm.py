@@ -159,12 +159,7 @@ def test_running_statistics_are_state_not_parameters(route: str, trained_torch) 
         _trainer(route, model, StepLosses()).set_params(weights_to_train=["bn1.running_mean"]).fit(*_data())
 
 
-PARTIAL_NOT_YET = pytest.mark.xfail(
-    strict=True, reason="the partial loop does not update the running statistics yet (issue 17, item 3)"
-)
-
-
-@pytest.mark.parametrize("route", ["full", pytest.param("partial", marks=PARTIAL_NOT_YET)])
+@pytest.mark.parametrize("route", ["full", "partial"])
 def test_training_matches_torch(route: str, trained_torch) -> None:
     model, net, torch_losses = trained_torch
     X, y = _data()

@@ -4,6 +4,7 @@ is the one the full loop uses; only the step differs."""
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, helper
 
+from . import _batchnorm as batchnorm
 from ._binding import DeviceArray, io_binding, make_session
 from ._builder import unique_name
 from ._data import BatchStore
@@ -33,6 +35,7 @@ from .graph import (
     all_names,
     default_penalized_weights,
     default_weights_to_train,
+    initializers_to_inputs,
     normalise_model,
     output_shape,
     set_batch_dimension,
@@ -99,6 +102,16 @@ class PartialGraphs(FitGraphs):
     forward_backward: dict[tuple[str, int], ForwardBackwardRunner] = field(default_factory=dict)
     loss_gradients: dict[tuple[int, str], LossGradient] = field(default_factory=dict)
     updates: dict[tuple[str, str], Update] = field(default_factory=dict)
+
+    @functools.cached_property
+    def forward(self) -> tuple[ModelProto, dict[str, str]]:
+        """The prediction graph the forward/backward pairs are built from: BatchNormalization's
+        running statistics as inputs after the features, their updated values as outputs after
+        the graph's (:func:`._batchnorm.with_updates`), with the output of each statistic."""
+        stats = self.inputs.statistics
+        if not stats:
+            return self.prediction, {}
+        return batchnorm.with_updates(initializers_to_inputs(self.prediction, stats), stats)
 
 
 class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
@@ -281,7 +294,7 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
         graphs = self._graphs()
         key = (str(device), batch)
         if key not in graphs.forward_backward:
-            model = set_batch_dimension(graphs.prediction, graphs.inputs.features, batch)
+            model = set_batch_dimension(graphs.forward[0], graphs.inputs.features, batch)
             graphs.forward_backward[key] = default_backend().forward_backward(
                 model, graphs.inputs.parameters, [], device
             )
@@ -372,6 +385,7 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
             device,
             lr,
             {size: self._forward_backward(device, size) for size in sizes},
+            graphs.forward[1],
             {size: self._loss_gradient(size, device).session for size in sizes},
             self._update(device, lr),
             self.output_index,
@@ -392,6 +406,7 @@ class _PartialRunner(DoubleBufferedRunner):
         device: Device,
         lr: BaseLearningRate,
         forward_backward: dict[int, ForwardBackwardRunner],
+        statistic_updates: dict[str, str],
         loss_sessions: dict[int, Any],
         update: Update,
         output_index: int,
@@ -405,7 +420,10 @@ class _PartialRunner(DoubleBufferedRunner):
         super().__init__(
             store, state, device, lr, graphs.weights, evaluator, validation, loss_name, data_names
         )
-        self.n_inputs = len(graphs.input_names)
+        # the forward's inputs: features, running statistics, weights; its outputs: the graph's,
+        # then the updated statistics, written to the statistics' other buffers
+        self.statistic_updates = statistic_updates
+        self.n_inputs = len(graphs.input_names) - len(statistic_updates)
         self.n_outputs = len(graphs.output_names)
         self.output_index = output_index
         self.loss_sessions = loss_sessions
@@ -421,7 +439,7 @@ class _PartialRunner(DoubleBufferedRunner):
         # Forward outputs, their gradients and the weight gradients land in fixed buffers that
         # onnxruntime writes in place: each is bound once, not at every step.
         self.outputs: dict[int, list[DeviceArray]] = {}
-        self.output_vectors: dict[int, Any] = {}
+        self.output_vectors: dict[tuple[int, int], Any] = {}
         self.output_grads: dict[int, Any] = {}
         self.output_grad_buffers: dict[int, list[DeviceArray]] = {}
         for size in sorted(set(self.sizes)):
@@ -456,17 +474,30 @@ class _PartialRunner(DoubleBufferedRunner):
         shapes = [tuple(probe[k].shape()) for k in range(len(probe))]
         dtypes = [np.asarray(probe[k].numpy()).dtype for k in range(len(probe))]
         self.outputs[size] = [DeviceArray.zeros(sh, dt, self.device) for sh, dt in zip(shapes, dtypes)]
-        self.output_vectors[size] = pair.vector([a.ortvalue for a in self.outputs[size]])
+        names = pair.graphs.output_names
+        statistic_of = {out: stat for stat, out in self.statistic_updates.items()}
+        for parity in (0, 1):
+            self.output_vectors[size, parity] = pair.vector(
+                [
+                    self.buffers[statistic_of[name]][1 - parity].ortvalue
+                    if name in statistic_of
+                    else a.ortvalue
+                    for name, a in zip(names, self.outputs[size])
+                ]
+            )
         self.output_grad_buffers[size] = [
             DeviceArray.zeros(shape, self.dtype, self.device) for shape in shapes
         ]
-        self.output_grads[size] = pair.vector([a.ortvalue for a in self.output_grad_buffers[size]])
+        skip = pair.graphs.non_differentiable_outputs
+        self.output_grads[size] = pair.vector(
+            [a.ortvalue for k, a in enumerate(self.output_grad_buffers[size]) if k not in skip]
+        )
 
     def _forward_inputs(self, batch: int) -> Any:
         data = self.store.batches[batch]
-        vec = self.pairs[self.sizes[batch]].vector(
-            [*data[: self.n_inputs], *(self.buffers[w][self.parity].ortvalue for w in self.weight_names)]
-        )
+        stats = (self.buffers[s][self.parity].ortvalue for s in self.statistic_updates)
+        weights = (self.buffers[w][self.parity].ortvalue for w in self.weight_names)
+        vec = self.pairs[self.sizes[batch]].vector([*data[: self.n_inputs], *stats, *weights])
         self.forward_inputs[self.parity][batch] = vec
         return vec
 
@@ -491,7 +522,7 @@ class _PartialRunner(DoubleBufferedRunner):
         pair = self.pairs[size]
         state = pair.new_state()
         vin = self.forward_inputs[self.parity][batch] or self._forward_inputs(batch)
-        pair.run_forward(vin, self.output_vectors[size], state)
+        pair.run_forward(vin, self.output_vectors[size, self.parity], state)
         run_loss, loss_binding = self.loss_entries[batch] or self._loss_entry(batch)
         run_loss(loss_binding, None)
         pair.run_backward(self.output_grads[size], self.weight_grad_vector, state)
