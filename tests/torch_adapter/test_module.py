@@ -325,9 +325,9 @@ def test_tensors_cross_without_copies(monkeypatch):
     cls = ort_train_core.OrtGradientForwardBackward
     original, original_training = cls.forward, cls.run_forward
 
-    def spy(self, inputs, training=True, weights=None):  # inference
+    def spy(self, inputs, training=True, weights=None, statistics=None):  # inference
         seen.append([v.data_ptr() for v in (*inputs, *(weights or []))])
-        return original(self, inputs, training, weights)
+        return original(self, inputs, training, weights, statistics)
 
     def spy_training(self, feeds, keep):  # training: inputs then weights
         seen.append([v.data_ptr() for v in feeds])

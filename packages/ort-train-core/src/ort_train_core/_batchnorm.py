@@ -25,7 +25,6 @@ import onnx
 from onnx import ModelProto, helper
 
 from ._builder import NodeBuilder
-from .graph import all_names
 
 #: the model metadata key under which :func:`with_updates` records the update outputs
 UPDATES_KEY = "ort_train.running_statistics"
@@ -78,6 +77,8 @@ def with_updates(model: ModelProto, statistics: Sequence[str]) -> tuple[ModelPro
         The copy (the new outputs last, recorded in its metadata under :data:`UPDATES_KEY`) and
         the output of each statistic.
     """
+    from .graph import all_names  # graph builds on this module
+
     wanted = set(statistics)
     if not wanted:
         return model, {}

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 from onnx import ModelProto
 
+from . import _batchnorm as batchnorm
 from ._binding import DeviceArray, io_binding, make_session, to_ortvalue
 from ._gradient import ForwardBackwardGraphs, ForwardBackwardRunner, default_backend
 from ._runtime import Device, parse_device
@@ -72,6 +73,12 @@ class OrtGradientForwardBackward:
         The inputs whose gradient is returned.
     input_names, output_names : list of str
         The graph's inputs (weights excluded) and outputs, in order.
+    statistics : list of str
+        The running statistics of its training-mode BatchNormalization nodes: state, not
+        weights. The pair takes them after the inputs (``graphs.input_names``) and gives their
+        updated values after the outputs (``graphs.output_names``); :meth:`forward` updates the
+        ones this object owns (:meth:`get_statistics`) in training, and normalises with them
+        otherwise, as torch's ``eval()`` does.
     device : Device
         Where it runs.
 
@@ -96,17 +103,24 @@ class OrtGradientForwardBackward:
         types = value_types(model)
         weights = _checked_weights(model, weights_to_train, types)
         requiring = _checked_inputs_requiring_grad(model, input_names_requiring_grad)
+        self.statistics = [n for n in batchnorm.running_statistics(model) if n not in weights]
+        forward, updates = batchnorm.with_updates(
+            initializers_to_inputs(model, self.statistics), self.statistics
+        )
         # the outputs forward returns must survive the backward: no memory reuse
-        self._pair = _forward_backward_pair(model, weights, requiring, self.device, types, weights_to_train)
+        self._pair = _forward_backward_pair(forward, weights, requiring, self.device, types, weights_to_train)
         self.graphs: ForwardBackwardGraphs = self._pair.graphs
         self.weights_to_train = list(self.graphs.weights)
         self.input_names_requiring_grad = requiring
         self._model = model
-        self._trainable = initializers_to_inputs(model, self.weights_to_train)
-        self.input_names = self.graphs.input_names
-        self.output_names = self.graphs.output_names
-        values = initializer_values(model, self.weights_to_train)
-        self._weights = {w: DeviceArray(v, self.device) for w, v in values.items()}
+        self._trainable = batchnorm.inference_form(
+            initializers_to_inputs(model, [*self.statistics, *self.weights_to_train])
+        )
+        self.input_names = self.graphs.input_names[: len(self.graphs.input_names) - len(self.statistics)]
+        self.output_names = self.graphs.output_names[: len(self.graphs.output_names) - len(updates)]
+        values = initializer_values(model, [*self.weights_to_train, *self.statistics])
+        self._weights = {w: DeviceArray(values[w], self.device) for w in self.weights_to_train}
+        self._statistics = {s: DeviceArray(values[s], self.device) for s in self.statistics}
         self._inference: Any = None
         self._pending: list[PendingForward] = []
 
@@ -119,12 +133,26 @@ class OrtGradientForwardBackward:
             "device": str(self.device),
             "input_names_requiring_grad": self.input_names_requiring_grad,
             "weights": self.get_weights(),
+            "statistics": self.get_statistics(),
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         weights = state.pop("weights")
+        statistics = state.pop("statistics", {})
         self.__init__(**state)  # type: ignore[misc]
         self.set_weights(weights)
+        for name, value in statistics.items():
+            self._statistics[name].write(np.asarray(value, dtype=self._statistics[name].dtype))
+
+    def get_statistics(self) -> dict[str, np.ndarray]:
+        """Copies of the running statistics this object owns (see :attr:`statistics`).
+
+        Returns
+        -------
+        dict of str to numpy.ndarray
+            The values by name.
+        """
+        return {s: a.read() for s, a in self._statistics.items()}
 
     def get_weights(self) -> dict[str, np.ndarray]:
         return {w: a.read() for w, a in self._weights.items()}
@@ -144,12 +172,23 @@ class OrtGradientForwardBackward:
         return [self._weights[w].ortvalue for w in self.weights_to_train]
 
     # ---- forward / backward ----------------------------------------------------------------
-    def _feeds(self, inputs: Sequence[Any], weights: Sequence[Any] | None, keep: list[Any]) -> list[Any]:
+    def _feeds(
+        self,
+        inputs: Sequence[Any],
+        weights: Sequence[Any] | None,
+        keep: list[Any],
+        statistics: Sequence[Any] | None = None,
+    ) -> list[Any]:
         if len(inputs) != len(self.input_names):
             raise ValueError(
                 f"the graph takes {len(self.input_names)} input(s) {self.input_names}, got {len(inputs)}"
             )
         feeds = [to_ortvalue(x, self.device, keep) for x in inputs]
+        if statistics is None:
+            feeds.extend(self._statistics[s].ortvalue for s in self.statistics)
+            keep.extend(self._statistics.values())
+        else:
+            feeds.extend(to_ortvalue(v, self.device, keep) for v in statistics)
         if weights is None:
             feeds.extend(self.weight_ortvalues())
             keep.extend(self._weights.values())
@@ -160,20 +199,30 @@ class OrtGradientForwardBackward:
         return feeds
 
     def forward(
-        self, inputs: Sequence[Any], training: bool = True, weights: Sequence[Any] | None = None
+        self,
+        inputs: Sequence[Any],
+        training: bool = True,
+        weights: Sequence[Any] | None = None,
+        statistics: Sequence[Any] | None = None,
     ) -> list[Any]:
         """Runs the graph; returns OrtValues on the device (``.numpy()`` to read on CPU).
 
-        ``training=True`` keeps the state for one :meth:`backward`; ``False`` runs an inference
-        session and keeps nothing.
+        ``training=True`` keeps the state for one :meth:`backward` and, when ``statistics`` is
+        None, updates the running statistics this object owns; ``False`` runs an inference
+        session (BatchNormalization with the running statistics) and keeps nothing.
+        ``statistics``: the running statistics to read instead of the owned ones (not updated).
         """
         keep: list[Any] = []
-        feeds = self._feeds(inputs, weights, keep)
+        feeds = self._feeds(inputs, weights, keep, statistics)
         if not training:
             return self._infer(feeds)
         out, pending = self.run_forward(feeds, keep)
         self._pending.append(pending)
-        return [out[i] for i in range(len(out))]
+        n = len(self.output_names)
+        if statistics is None:
+            for k, s in enumerate(self.statistics):
+                self._statistics[s].write(np.asarray(out[n + k].numpy()))
+        return [out[i] for i in range(n)]
 
     def run_forward(self, feeds: Sequence[Any], keep: list[Any]) -> tuple[Any, PendingForward]:
         """The training forward on ready OrtValues.
@@ -203,7 +252,7 @@ class OrtGradientForwardBackward:
         if self._inference is None:
             self._inference = make_session(self._trainable, self.device)
         binding = io_binding(self._inference)
-        for name, ov in zip([*self.input_names, *self.weights_to_train], feeds):
+        for name, ov in zip([*self.input_names, *self.statistics, *self.weights_to_train], feeds):
             binding.bind_ortvalue_input(name, ov)
         for name in self.output_names:
             binding.bind_output(name, self.device.ort_device)
@@ -226,6 +275,8 @@ class OrtGradientForwardBackward:
                 f"backward needs one gradient per output ({len(self.output_names)}), got {len(grad_outputs)}"
             )
         keep: list[Any] = []
+        # the updated running statistics get no gradient: zeros
+        grad_outputs = [*grad_outputs, *[None] * (len(self.graphs.output_names) - len(self.output_names))]
         skip = self.graphs.non_differentiable_outputs
         values = [
             None

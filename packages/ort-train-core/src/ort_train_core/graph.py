@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
+from ._batchnorm import inference_form, running_statistics
 from ._builder import FLOAT_TYPES, NodeBuilder, unique_name
 from ._exported import export_notes, exporter_constants, warn_exported_graph
 from ._io import validate_model
@@ -32,6 +33,7 @@ __all__ = [
     "default_weights_to_train",
     "export_notes",
     "exporter_constants",
+    "inference_form",
     "initializer_values",
     "initializers_to_inputs",
     "inputs_to_initializers",
@@ -641,8 +643,6 @@ def check_weights(
         raise ValueError(f"weights_to_train has duplicates: {list(weights)}")
     inits = {i.name: i for i in model.graph.initializer}
     deps, _ = differentiable_ancestors(model, [output], types)
-    from ._batchnorm import running_statistics  # it builds on this module
-
     statistics = set(running_statistics(model))
     for name in weights:
         if name in statistics:

@@ -25,6 +25,7 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 from ort_train_core import OrtGradientForwardBackward, describe_non_finite, load_model, ortvalue_from_dlpack
 from ort_train_core.exceptions import GraphNotDifferentiableError
 from ort_train_core.graph import (
+    inference_form,
     initializer_values,
     inputs_to_initializers,
     normalise_model,
@@ -285,6 +286,10 @@ class OnnxModule(nn.Module):
         The graph's outputs, in the order ``forward`` returns them.
     onnx_names : dict of str to str
         The ONNX name of each parameter, by attribute name.
+    onnx_buffer_names : dict of str to str
+        The ONNX name of each buffer, by attribute name: the running statistics of training-mode
+        BatchNormalization nodes, updated by each forward in ``train()`` as torch's BatchNorm
+        does (node momentum, unbiased batch variance) and used in ``eval()`` and ``to_onnx()``.
 
     Raises
     ------
@@ -320,8 +325,10 @@ class OnnxModule(nn.Module):
             _TORCH_DTYPES.get(graph_inputs[n].type.tensor_type.elem_type) for n in self.input_names
         ]
         self._input_shapes = [_declared_shape(graph_inputs[n]) for n in self.input_names]
-        attrs = _attribute_names(weights)
+        attrs = _attribute_names([*weights, *probe.statistics])
         self.onnx_names: dict[str, str] = dict(zip(attrs, weights))
+        #: BatchNormalization's running statistics: torch buffers, updated by training forwards
+        self.onnx_buffer_names: dict[str, str] = dict(zip(attrs[len(weights) :], probe.statistics))
         warn_exported_graph(model, weights, "OnnxModule")
         values = initializer_values(model, weights)
         bad = describe_non_finite(values)
@@ -335,6 +342,8 @@ class OnnxModule(nn.Module):
             )
         for attr, name in self.onnx_names.items():
             self.register_parameter(attr, nn.Parameter(torch.from_numpy(np.array(values[name], copy=True))))
+        for attr, name in self.onnx_buffer_names.items():
+            self.register_buffer(attr, torch.from_numpy(probe.get_statistics()[name]))
         self._graphs: dict[tuple[str, tuple[str, ...]], OrtGradientForwardBackward] = {("cpu", ()): probe}
         self._weight_values: dict[str, tuple[tuple[Any, ...], Any]] = {}
 
@@ -397,6 +406,14 @@ class OnnxModule(nn.Module):
                 self._weight_values[attr] = cached
             values.append(cached[1])
         return values
+
+    def _buffer_values(self) -> tuple[list[torch.Tensor], list[Any]]:
+        """The running statistics (buffers, in ONNX order) and OrtValues over their memory."""
+        buffers = [self._buffers[attr] for attr in getattr(self, "onnx_buffer_names", {})]
+        if any(b is None for b in buffers):
+            raise RuntimeError("OnnxModule: a running-statistics buffer was set to None; the graph needs it")
+        tensors = [b for b in buffers if b is not None]
+        return tensors, [ortvalue_from_tensor(b) for b in tensors]
 
     def _check_inputs(self, inputs: Sequence[Any], device: torch.device) -> None:
         if len(inputs) != len(self.input_names):
@@ -468,28 +485,39 @@ class OnnxModule(nn.Module):
                     )
             requiring = tuple([n for n, needed in zip(self.input_names, needs_grad) if needed])
             fb = self._forward_backward(device, requiring)
+            buffers, buffer_values = self._buffer_values()
             outputs: tuple[torch.Tensor, ...] = _OnnxFunction.apply(  # type: ignore[no-untyped-call]
-                fb, needs_grad, self._parameter_values(params), *inputs, *params
+                fb, needs_grad, [*buffer_values, *self._parameter_values(params)], *inputs, *params
             )
+            if buffers:  # the updated running statistics follow the outputs, as in torch's train()
+                n = len(self.output_names)
+                with torch.no_grad():
+                    for buffer, new in zip(buffers, outputs[n:]):
+                        buffer.copy_(new)
+                outputs = outputs[:n]
         else:
             fb = self._forward_backward(device, ())
             wait_for_torch(device)
             feeds = [ortvalue_from_tensor(t) for t in inputs]
-            results = fb.forward(feeds, training=False, weights=self._parameter_values(params))
+            weights, statistics = self._parameter_values(params), self._buffer_values()[1]
+            results = fb.forward(feeds, training=False, weights=weights, statistics=statistics)
             outputs = tuple(tensor_from_ortvalue(o) for o in results)
         return outputs[0] if len(outputs) == 1 else outputs
 
     # ---- export -----------------------------------------------------------------------------
     def to_onnx(self) -> ModelProto:
-        """The graph with the current parameter values as its initializers.
+        """The graph with the current parameter values and running statistics as its
+        initializers, BatchNormalization normalising with the running statistics (as torch's
+        ``eval()``).
 
         Returns
         -------
         onnx.ModelProto
             A new model.
         """
-        values = {name: getattr(self, attr).detach().cpu().numpy() for attr, name in self.onnx_names.items()}
-        model: ModelProto = inputs_to_initializers(self._model, values)
+        names = {**self.onnx_names, **getattr(self, "onnx_buffer_names", {})}
+        values = {name: getattr(self, attr).detach().cpu().numpy() for attr, name in names.items()}
+        model: ModelProto = inference_form(inputs_to_initializers(self._model, values))
         return model
 
     def save(self, path: str | os.PathLike[str]) -> None:
