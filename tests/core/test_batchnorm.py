@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
+from onnx import numpy_helper
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
@@ -119,3 +120,25 @@ def test_training_matches_torch(route: str, trained_torch) -> None:
     np.testing.assert_allclose(got, expected, atol=1e-5)
     (half,) = session.run(None, {"X": X[: N_ROWS // 2]})
     np.testing.assert_allclose(half, got[: N_ROWS // 2], atol=1e-6)
+
+
+@pytest.mark.parametrize("route", ["full", "partial"])
+def test_running_statistics_are_checkpointed_and_set(route: str, trained_torch, tmp_path) -> None:
+    """Checkpoints hold the running statistics: a fit resumed from the first epoch's ends where
+    the uninterrupted fit ends; set_state sets them and the trained graph uses them."""
+    model, _, _ = trained_torch
+    X, y = batchnorm_data()
+    whole = _trainer(route, model, StepLosses()).fit(X, y)
+    first = _trainer(route, model, StepLosses()).set_params(max_iter=1).fit(X, y)
+    first.save_checkpoint(tmp_path / "epoch1.npz")
+    resumed = _trainer(route, model, StepLosses())
+    resumed.load_checkpoint(tmp_path / "epoch1.npz")
+    resumed.set_params(warm_start=True, max_iter=1).fit(X, y)
+    for name, value in whole.get_state().items():
+        np.testing.assert_allclose(resumed.get_state()[name], value, atol=1e-6, err_msg=name)
+
+    # set_state sets a running statistic; the trained graph holds it
+    resumed.set_state({"bn1.running_var": np.full(8, 4.0, np.float32)})
+    trained = resumed.get_trained_onnx()
+    var = next(numpy_helper.to_array(i) for i in trained.graph.initializer if i.name == "bn1.running_var")
+    np.testing.assert_array_equal(var, np.full(8, 4.0, np.float32))
