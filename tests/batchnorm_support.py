@@ -40,8 +40,9 @@ class BatchNormMLP(nn.Module):
         return self.out(torch.relu(self.bn2(self.fc2(h))))
 
 
-def export_training(net: nn.Module, example: torch.Tensor) -> onnx.ModelProto:
-    """The TorchScript export that keeps BatchNorm in training mode and every parameter."""
+def export_training(net: nn.Module, example: torch.Tensor, training: bool = True) -> onnx.ModelProto:
+    """The TorchScript export that keeps BatchNorm in training mode and every parameter;
+    ``training=False``: in inference mode (running statistics fixed), still not folded."""
     f = io.BytesIO()
     with warnings.catch_warnings():  # the TorchScript exporter is deprecated; it keeps BatchNorm
         warnings.simplefilter("ignore")
@@ -50,7 +51,7 @@ def export_training(net: nn.Module, example: torch.Tensor) -> onnx.ModelProto:
             (example,),
             f,
             dynamo=False,
-            training=torch.onnx.TrainingMode.TRAINING,
+            training=torch.onnx.TrainingMode.TRAINING if training else torch.onnx.TrainingMode.EVAL,
             do_constant_folding=False,
             opset_version=17,
             input_names=["X"],
@@ -62,10 +63,11 @@ def export_training(net: nn.Module, example: torch.Tensor) -> onnx.ModelProto:
     return model
 
 
-def torch_sgd(net: nn.Module, X: np.ndarray, y: np.ndarray) -> list[float]:
-    """torch's losses of each SGD step, batches in row order (shuffle off)."""
+def torch_sgd(net: nn.Module, X: np.ndarray, y: np.ndarray, training: bool = True) -> list[float]:
+    """torch's losses of each SGD step, batches in row order (shuffle off); ``training=False``
+    trains in eval() mode (BatchNorm with its running statistics, not updated)."""
     opt = torch.optim.SGD(net.parameters(), lr=LR)
-    net.train()
+    net.train(training)
     losses = []
     for _ in range(EPOCHS):
         for start in range(0, len(X), BATCH):

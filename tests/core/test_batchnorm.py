@@ -142,3 +142,22 @@ def test_running_statistics_are_checkpointed_and_set(route: str, trained_torch, 
     trained = resumed.get_trained_onnx()
     var = next(numpy_helper.to_array(i) for i in trained.graph.initializer if i.name == "bn1.running_var")
     np.testing.assert_array_equal(var, np.full(8, 4.0, np.float32))
+
+
+@pytest.mark.parametrize("route", ["full", "partial"])
+def test_inference_mode_batchnorm_trains_as_torch_in_eval_mode(route: str) -> None:
+    """An eval-mode export keeps BatchNormalization in inference mode (running statistics fixed);
+    both loops train it as torch trains the network in eval() (the full loop's gradient builder
+    had no gradient for it)."""
+    torch.manual_seed(0)
+    net = BatchNormMLP().eval()
+    X, y = batchnorm_data()
+    model = export_training(copy.deepcopy(net), torch.from_numpy(X[:BATCH]), training=False)
+    assert "BatchNormalization" in {n.op_type for n in model.graph.node}
+    torch_losses = torch_sgd(net, X, y, training=False)
+    steps = StepLosses()
+    trainer = _trainer(route, model, steps).fit(X, y)
+    np.testing.assert_allclose(steps.losses, torch_losses, rtol=1e-4)
+    state = trainer.get_state()
+    for name, param in net.named_parameters():
+        np.testing.assert_allclose(state[name], param.detach().numpy(), atol=1e-5, err_msg=name)
