@@ -40,6 +40,25 @@ class BatchNormMLP(nn.Module):
         return self.out(torch.relu(self.bn2(self.fc2(h))))
 
 
+class FlatConvNet(nn.Module):
+    """Conv2d -> BatchNorm2d -> ReLU -> MaxPool2d -> Linear on images [N, 2, 6, 6] given as rows
+    of 72 features (reshaped in the graph: the core trainers' fit takes 2-D inputs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4, momentum=0.2)
+        self.out = nn.Linear(4 * 3 * 3, 1)
+        gen = torch.Generator().manual_seed(2)
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-1.0, 1.0, generator=gen)
+            self.bn.running_var.uniform_(0.5, 2.0, generator=gen)
+            self.bn.weight.uniform_(0.5, 1.5, generator=gen)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.bn(self.conv(x.reshape(-1, 2, 6, 6))))
+        return self.out(torch.nn.functional.max_pool2d(h, 2).flatten(1))
+
+
 def export_training(net: nn.Module, example: torch.Tensor, training: bool = True) -> onnx.ModelProto:
     """The TorchScript export that keeps BatchNorm in training mode and every parameter;
     ``training=False``: in inference mode (running statistics fixed), still not folded."""
@@ -80,9 +99,9 @@ def torch_sgd(net: nn.Module, X: np.ndarray, y: np.ndarray, training: bool = Tru
     return losses
 
 
-def batchnorm_data() -> tuple[np.ndarray, np.ndarray]:
+def batchnorm_data(n_features: int = 5) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(0)
-    X = rng.normal(1.0, 2.0, size=(N_ROWS, 5)).astype(np.float32)
+    X = rng.normal(1.0, 2.0, size=(N_ROWS, n_features)).astype(np.float32)
     y = (X[:, :1] ** 2 - X[:, 1:2]).astype(np.float32)
     return X, y
 

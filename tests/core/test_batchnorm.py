@@ -29,6 +29,7 @@ from batchnorm_support import (  # noqa: E402
     LR,
     N_ROWS,
     BatchNormMLP,
+    FlatConvNet,
     batchnorm_data,
     export_training,
     start_from_export,
@@ -97,7 +98,31 @@ def test_running_statistics_are_state_not_parameters(route: str, trained_torch) 
 @pytest.mark.parametrize("route", ["full", "partial"])
 def test_training_matches_torch(route: str, trained_torch) -> None:
     model, net, torch_losses = trained_torch
-    X, y = batchnorm_data()
+    check_training(route, model, net, torch_losses, *batchnorm_data())
+
+
+@pytest.mark.parametrize("route", ["full", "partial"])
+def test_conv_batchnorm2d_trains_as_torch(route: str) -> None:
+    """Conv2d + BatchNorm2d (statistics over the batch and both spatial axes)."""
+    torch.manual_seed(0)
+    net = FlatConvNet()
+    X, y = batchnorm_data(72)
+    X, y = X / 4, y / 4  # 72 inputs per row: smaller values keep the SGD steps stable
+    model = export_training(copy.deepcopy(net), torch.from_numpy(X[:BATCH]))
+    start_from_export(net, model)
+    check_training(route, model, net, torch_sgd(net, X, y), X, y)
+
+
+def check_training(
+    route: str,
+    model: onnx.ModelProto,
+    net: nn.Module,
+    torch_losses: list[float],
+    X: np.ndarray,
+    y: np.ndarray,
+) -> None:
+    """The route's losses per step, parameters and running statistics equal torch's; the trained
+    graph's outputs equal torch's eval() and do not depend on the batch."""
     steps = StepLosses()
     trainer = _trainer(route, model, steps).fit(X, y)
     np.testing.assert_allclose(steps.losses, torch_losses, rtol=1e-4)
