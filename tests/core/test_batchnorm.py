@@ -186,3 +186,30 @@ def test_inference_mode_batchnorm_trains_as_torch_in_eval_mode(route: str) -> No
     state = trainer.get_state()
     for name, param in net.named_parameters():
         np.testing.assert_allclose(state[name], param.detach().numpy(), atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("route", ["full", "partial"])
+def test_validation_loss_uses_the_running_statistics(route: str, trained_torch) -> None:
+    """The validation loss is the loss of torch's eval() predictions after the epoch (running
+    statistics of the end of the epoch, not the validation batch's statistics)."""
+    model, _, _ = trained_torch
+    X, y = batchnorm_data()
+    torch.manual_seed(0)
+    net = BatchNormMLP()
+    start_from_export(net, model)
+    opt = torch.optim.SGD(net.parameters(), lr=LR)
+    net.train()
+    for start in range(0, len(X), BATCH):
+        loss = torch.nn.functional.mse_loss(
+            net(torch.from_numpy(X[start : start + BATCH])), torch.from_numpy(y[start : start + BATCH])
+        )
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    net.eval()
+    X_val, y_val = X[:6] * 0.5, y[:6]
+    with torch.no_grad():
+        expected = float(torch.nn.functional.mse_loss(net(torch.from_numpy(X_val)), torch.from_numpy(y_val)))
+    trainer = _trainer(route, model, StepLosses()).set_params(max_iter=1)
+    trainer.fit(X, y, X_val=X_val, y_val=y_val)
+    np.testing.assert_allclose(trainer.validation_losses_, [expected], rtol=1e-5)
