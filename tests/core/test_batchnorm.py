@@ -37,6 +37,7 @@ from batchnorm_support import (  # noqa: E402
 )
 from ort_train_core import (  # noqa: E402
     Callback,
+    OrtGradientForwardBackward,
     OrtGradientForwardBackwardOptimizer,
     OrtGradientOptimizer,
     add_loss_output,
@@ -213,3 +214,33 @@ def test_validation_loss_uses_the_running_statistics(route: str, trained_torch) 
     trainer = _trainer(route, model, StepLosses()).set_params(max_iter=1)
     trainer.fit(X, y, X_val=X_val, y_val=y_val)
     np.testing.assert_allclose(trainer.validation_losses_, [expected], rtol=1e-5)
+
+
+def test_forward_backward_owns_and_updates_the_running_statistics(trained_torch) -> None:
+    """OrtGradientForwardBackward: the statistics are not inputs nor weights for the caller; a
+    training forward updates them as torch's train() forward does, an inference forward
+    normalises with them as torch's eval() does, and backward needs no gradient for them."""
+    model, _, _ = trained_torch
+    X, _ = batchnorm_data()
+    torch.manual_seed(0)
+    net = BatchNormMLP()
+    start_from_export(net, model)
+    fb = OrtGradientForwardBackward(model)
+    assert fb.input_names == ["X"]
+    assert fb.output_names == ["Y"]
+    assert not [w for w in fb.weights_to_train if "running" in w]
+    assert sorted(fb.statistics) == sorted(n for n, _ in net.named_buffers() if "running" in n)
+
+    (out,) = fb.forward([X[:BATCH]], training=True)
+    net.train()
+    expected = net(torch.from_numpy(X[:BATCH]))
+    np.testing.assert_allclose(out.numpy(), expected.detach().numpy(), atol=1e-5)
+    grads = fb.backward([np.ones((BATCH, 1), np.float32)])
+    assert len(grads) == len(fb.weights_to_train)
+    for name, value in fb.get_statistics().items():
+        np.testing.assert_allclose(value, net.get_buffer(name).numpy(), atol=1e-6, err_msg=name)
+
+    net.eval()
+    (inferred,) = fb.forward([X], training=False)
+    with torch.no_grad():
+        np.testing.assert_allclose(inferred.numpy(), net(torch.from_numpy(X)).numpy(), atol=1e-5)
