@@ -37,6 +37,7 @@ from batchnorm_support import (  # noqa: E402
 )
 from ort_train_core import (  # noqa: E402
     Callback,
+    ConvergenceError,
     OrtGradientForwardBackward,
     OrtGradientForwardBackwardOptimizer,
     OrtGradientOptimizer,
@@ -244,3 +245,19 @@ def test_forward_backward_owns_and_updates_the_running_statistics(trained_torch)
     (inferred,) = fb.forward([X], training=False)
     with torch.no_grad():
         np.testing.assert_allclose(inferred.numpy(), net(torch.from_numpy(X)).numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize("route", ["full", "partial"])
+def test_divergence_rolls_the_running_statistics_back(route: str, trained_torch) -> None:
+    """A fit that diverges in its first epoch restores the running statistics with the weights
+    (the steps before the divergence had updated them)."""
+    model, _, _ = trained_torch
+    X, y = batchnorm_data()
+    steps = StepLosses()
+    trainer = _trainer(route, model, steps).set_params(learning_rate=1e6)
+    initial = trainer.get_state()
+    with pytest.raises(ConvergenceError):
+        trainer.fit(X, y)
+    assert len(steps.losses) >= 2  # steps ran (and updated the statistics) before the divergence
+    for name, value in trainer.get_state().items():
+        np.testing.assert_array_equal(value, initial[name], err_msg=name)
