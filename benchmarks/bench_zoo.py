@@ -21,7 +21,9 @@ the best run's time over its steps. The core trainers' times include everything 
 the scikit-learn route's also its per-fit conversion of the graph. Threads: torch runs
 ``torch.set_num_threads(threads)`` with ``threads`` the physical cores this process may use,
 which is onnxruntime's default intra-op thread count; ort-train gives a session one thread
-where the fused step's work is small (its own policy).
+where the fused step's work is small (its own policy). On a machine other processes keep busy,
+torch's threads beyond one can cost it far more than they bring (``--threads 1`` compares one
+thread against onnxruntime's default).
 
 A route that fails (an item of issue 17 not done yet) is reported with its error's first line;
 the others still run.
