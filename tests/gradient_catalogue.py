@@ -873,25 +873,6 @@ def _batch_norm_training() -> Case:
     return _form("batch_norm", [node], inputs, weights, fn, consts)
 
 
-def _batch_norm_inference() -> Case:
-    """BatchNormalization in inference mode (an eval-mode export without constant folding): the
-    fused route's gradient builder had no gradient; rewritten with standard operators."""
-    rng = np.random.default_rng(1)  # not seed 0, as _batch_norm_training
-    inputs = {"X": _values(rng, [4, 3, 2, 2])}
-    weights = {"scale": _values(rng, [3], True), "bias": _values(rng, [3])}
-    consts = {
-        "mean": _values(rng, [3]).astype(np.float32),
-        "var": rng.uniform(0.5, 2.0, 3).astype(np.float32),
-    }
-    node = helper.make_node("BatchNormalization", ["X", "scale", "bias", "mean", "var"], ["Y"], epsilon=1e-3)
-
-    def fn(t: Any, x: list[Any], w: dict[str, Any]) -> Any:
-        stats = [t.tensor(consts[k], dtype=x[0].dtype) for k in ("mean", "var")]
-        return t.nn.functional.batch_norm(x[0], *stats, w["scale"], w["bias"], training=False, eps=1e-3)
-
-    return _form("batch_norm", [node], inputs, weights, fn, consts)
-
-
 KNOWN_LIMITS: dict[str, Callable[[], Case]] = {"symbolic_dim_of_1_broadcast": _symbolic_one_broadcast}
 
 
@@ -928,8 +909,6 @@ PINNED_FORMS: dict[str, Callable[[], Case]] = {
     "layer_norm_y_only": _layer_norm_y_only,
     # no gradient in GradientGraphBuilder: rewritten into com.microsoft.BatchNormInternal
     "batch_norm_training": _batch_norm_training,
-    # no gradient in GradientGraphBuilder either: rewritten with standard operators
-    "batch_norm_inference": _batch_norm_inference,
     # no gradient in onnxruntime: refused with the operator and the fix
     "pow_weight_exponent": _pow_exponent,
     "cumsum": _cumsum,

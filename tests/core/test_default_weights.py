@@ -11,7 +11,7 @@ from core_models import IR_VERSION, OPSET
 from onnx import TensorProto, helper, numpy_helper
 
 import ort_train_core.graph as graph_module
-from ort_train_core import GraphNotDifferentiableError, OrtGradientForwardBackward
+from ort_train_core import OrtGradientForwardBackward
 
 TOL = 1e-5
 EPS = 1e-5
@@ -87,8 +87,8 @@ def _batchnorm_model(rng: np.random.Generator) -> tuple[onnx.ModelProto, dict[st
 def test_batchnorm_statistics_are_constants(monkeypatch, known_to_the_graph_check) -> None:
     """The running mean and variance get no gradient from onnxruntime: by default they stay out,
     whether the graph check knows BatchNormalization or onnxruntime's refusal names them (the
-    check's table emptied); W, s and c match numpy's gradients. Naming one is refused with the
-    weight and the fix."""
+    check's table emptied); W, s and c match numpy's gradients. Naming one is refused as a
+    running statistic, with the fix."""
     if not known_to_the_graph_check:
         monkeypatch.setattr(graph_module, "NO_GRADIENT_INPUTS", {})
     rng = np.random.default_rng(1)
@@ -113,15 +113,9 @@ def test_batchnorm_statistics_are_constants(monkeypatch, known_to_the_graph_chec
     np.testing.assert_allclose(dw, x.T @ dz, rtol=1e-4, atol=TOL)
     np.testing.assert_allclose(ds, (dy * norm).sum(axis=0), rtol=1e-4, atol=TOL)
     np.testing.assert_allclose(dc, dy.sum(axis=0), rtol=TOL, atol=TOL)
-    if known_to_the_graph_check:
-        with pytest.raises(ValueError, match=r"weight 'var' only through values without a gradient"):
-            OrtGradientForwardBackward(model, ["W", "var"])
-    else:
-        with pytest.raises(
-            GraphNotDifferentiableError, match=r"weight 'var' no gradient.*leave it out"
-        ) as info:
-            OrtGradientForwardBackward(model, ["W", "var"])
-        assert info.value.weight == "var"
+    # naming one is refused as state (issue 17, item 3: training updates it as torch does)
+    with pytest.raises(ValueError, match=r"'var' is a BatchNormalization's running statistic.*leave it out"):
+        OrtGradientForwardBackward(model, ["W", "var"])
 
 
 def test_a_converted_sklearn_classifier_trains_through_its_probabilities() -> None:

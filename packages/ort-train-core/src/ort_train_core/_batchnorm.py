@@ -1,11 +1,13 @@
 """BatchNormalization's running statistics: state, not parameters (issue 17, items 2 and 3).
 
-A BatchNormalization in training mode (``training_mode=1``, as torch's TorchScript exporter
-writes it with ``training=TrainingMode.TRAINING``) normalises with the statistics of the batch;
-its ``input_mean`` and ``input_var`` initializers are torch's running statistics. They get no
-gradient and are never trained. As in torch:
+A BatchNormalization node is torch's BatchNorm layer: its ``input_mean`` and ``input_var``
+initializers are torch's running statistics. They get no gradient and are never trained. As in
+torch, whatever mode the node was exported in (``training_mode=1`` from torch's TorchScript
+exporter with ``training=TrainingMode.TRAINING``; 0 from an eval-mode export without constant
+folding, which onnxruntime's module graph builder trains with batch statistics too):
 
-- each training step updates them with the node's momentum (ONNX's momentum is ``1 -`` torch's):
+- a training step normalises with the statistics of the batch, and updates the running ones
+  with the node's momentum (ONNX's momentum is ``1 -`` torch's):
   ``running = momentum * running + (1 - momentum) * batch_statistic``, the variance being the
   unbiased one (``n / (n - 1)`` times the mean of squared deviations, ``n`` the values per
   channel), as torch keeps it (onnxruntime's ``BatchNormInternal`` keeps the biased one);
@@ -13,8 +15,9 @@ gradient and are never trained. As in torch:
   written in inference form (``training_mode=0``, one output).
 
 The update is written here with standard operators, beside the node (:func:`with_updates`):
-the same graph serves every route and any runtime, and no gradient flows through it (its
-outputs are not on the way to the loss).
+the same graph serves every route and any runtime. No gradient flows through it: the batch
+statistics cross an int64 round trip (:func:`_without_gradient`), so the forward/backward pair
+has no backward to build for the updated statistics.
 """
 
 from __future__ import annotations
@@ -30,17 +33,17 @@ from ._builder import NodeBuilder
 UPDATES_KEY = "ort_train.running_statistics"
 
 
+def _is_batch_norm(node: onnx.NodeProto) -> bool:
+    return node.op_type == "BatchNormalization" and node.domain in ("", "ai.onnx") and len(node.input) == 5
+
+
 def _is_training(node: onnx.NodeProto) -> bool:
-    return (
-        node.op_type == "BatchNormalization"
-        and node.domain in ("", "ai.onnx")
-        and any(a.name == "training_mode" and a.i == 1 for a in node.attribute)
-    )
+    return _is_batch_norm(node) and any(a.name == "training_mode" and a.i == 1 for a in node.attribute)
 
 
 def running_statistics(model: ModelProto) -> list[str]:
-    """The running means and variances (initializers) of the graph's training-mode
-    BatchNormalization nodes, in node order, mean before variance.
+    """The running means and variances (initializers) of the graph's BatchNormalization nodes,
+    in node order, mean before variance.
 
     Parameters
     ----------
@@ -55,14 +58,15 @@ def running_statistics(model: ModelProto) -> list[str]:
     inits = {i.name for i in model.graph.initializer} | {i.name for i in model.graph.input}
     out: list[str] = []
     for node in model.graph.node:
-        if _is_training(node) and len(node.input) == 5:
+        if _is_batch_norm(node):
             out.extend(n for n in node.input[3:5] if n in inits and n not in out)
     return out
 
 
 def with_updates(model: ModelProto, statistics: Sequence[str]) -> tuple[ModelProto, dict[str, str]]:
     """A copy of ``model`` that also outputs the updated value of each running statistic of
-    ``statistics`` (graph inputs or initializers) after one training step on the batch it is fed.
+    ``statistics`` (graph inputs or initializers) after one training step on the batch it is fed;
+    their BatchNormalization nodes are set in training mode (batch statistics).
 
     Parameters
     ----------
@@ -97,8 +101,9 @@ def with_updates(model: ModelProto, statistics: Sequence[str]) -> tuple[ModelPro
     last: list[onnx.NodeProto] = []  # the updates, after every node
     b = NodeBuilder(onnx.TensorProto.FLOAT, opset, all_names(out), prefix="bn_stats_")
     for node in out.graph.node:
-        if not _is_training(node) or len(node.input) < 5 or not set(node.input[3:5]) & wanted:
+        if not _is_batch_norm(node) or not set(node.input[3:5]) & wanted:
             continue
+        _training_mode(node, b)
         x, mean, var = node.input[0], node.input[3], node.input[4]
         b.elem_type = types.get(mean, onnx.TensorProto.FLOAT)
         b.np_dtype = helper.tensor_dtype_to_np_dtype(b.elem_type)
@@ -126,6 +131,16 @@ def with_updates(model: ModelProto, statistics: Sequence[str]) -> tuple[ModelPro
     return out, updates
 
 
+def _training_mode(node: onnx.NodeProto, b: NodeBuilder) -> None:
+    """Sets ``node`` (in place) in training mode, with the three outputs that mode requires."""
+    kept = [a for a in node.attribute if a.name != "training_mode"]
+    del node.attribute[:]
+    node.attribute.extend([*kept, helper.make_attribute("training_mode", 1)])
+    while len(node.output) < 3:
+        node.output.append(b.name("unread_running_statistic"))
+    node.output[1:] = [o or b.name("unread_running_statistic") for o in node.output[1:]]
+
+
 def _update_nodes(b: NodeBuilder, x: str, mean: str, var: str, momentum: float) -> tuple[str, str]:
     """The nodes of torch's update of one node's running mean and variance from its input x
     [N, C, ...]: statistics over every axis but the channel's, unbiased variance."""
@@ -148,9 +163,25 @@ def _update_nodes(b: NodeBuilder, x: str, mean: str, var: str, momentum: float) 
     keep, take = b.const(momentum, "momentum"), b.const(1.0 - momentum, "one_minus_momentum")
     news = []
     for old, batch, hint in ((mean, batch_mean, "running_mean"), (var, unbiased, "running_var")):
-        batch = b.op("Reshape", [batch, flat], f"batch_{hint}")
+        batch = _without_gradient(b, b.op("Reshape", [batch, flat], f"batch_{hint}"), hint)
         news.append(b.op("Add", [b.op("Mul", [old, keep]), b.op("Mul", [batch, take])], f"{hint}_new"))
     return news[0], news[1]
+
+
+#: the batch statistics cross int64 as multiples of 2**-32 (see :func:`_without_gradient`)
+_FIXED_POINT = 2.0**32
+
+
+def _without_gradient(b: NodeBuilder, value: str, hint: str) -> str:
+    """``value`` through an int64 round trip in multiples of 2**-32: onnxruntime differentiates
+    no integer value, so the updated statistics are outputs without gradient and the backward
+    of the forward/backward pair does not carry the statistics' computation (about a sixth of
+    a small CNN's step). Exact for values of magnitude 2**-9 to 2**31, within 2**-32 below."""
+    scale = b.const(_FIXED_POINT, "fixed_point")
+    fixed = b.op(
+        "Cast", [b.op("Mul", [value, scale], f"{hint}_scaled")], f"{hint}_fixed", to=onnx.TensorProto.INT64
+    )
+    return b.op("Div", [b.cast(fixed, hint=f"{hint}_float"), scale], f"{hint}_stopped")
 
 
 def _mean(b: NodeBuilder, x: str, axes: str, attrs: dict[str, int], hint: str) -> str:

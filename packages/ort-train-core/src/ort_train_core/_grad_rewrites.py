@@ -40,9 +40,9 @@ listed here:
 * ``BatchNormalization`` in training mode: ``GradientGraphBuilder`` (the fused step) has no
   gradient for it; onnxruntime's ``com.microsoft.BatchNormInternal`` (what its module graph
   builder writes itself) computes the same ``Y`` and has one. Its running statistics are
-  state, updated apart (``_batchnorm``): the rewritten node's own ones go nowhere. In
-  inference mode (an eval-mode export: running statistics fixed) the fused step's builder has
-  no gradient either: written as ``(x - mean) * (scale / sqrt(var + epsilon)) + B``.
+  state, updated apart (``_batchnorm``): the rewritten node's own ones go nowhere. A node in
+  inference mode (an eval-mode export) is rewritten the same way, as the module graph builder
+  does: a BatchNormalization is trained as torch's BatchNorm, with batch statistics.
 
 Operators onnxruntime has no gradient for at all (CumSum, Softplus, GlobalMaxPool, ReduceMax,
 ...) are refused by the gradient builders with the operator's name and the fix.
@@ -357,44 +357,19 @@ def _layer_norm_outputs(b: NodeBuilder, node: onnx.NodeProto, graph: _Graph) -> 
 
 
 def _batch_norm(b: NodeBuilder, node: onnx.NodeProto, graph: _Graph) -> None:
-    """BatchNormalization in training mode as com.microsoft.BatchNormInternal (inputs X, scale,
+    """BatchNormalization as com.microsoft.BatchNormInternal in training mode (inputs X, scale,
     B, input_mean, input_var; outputs Y, running_mean, running_var, saved_mean,
-    saved_inv_std): the same Y, and a gradient in both of onnxruntime's builders. Leaves
-    ``b.nodes`` empty in inference mode (nothing to rewrite: no gradient there either way)."""
+    saved_inv_std): Y normalised with the batch's statistics, as torch's BatchNorm in train
+    mode, and a gradient in both of onnxruntime's builders."""
     if len(node.input) != 5:
-        return
-    if _attr(node, "training_mode", 0) != 1:
-        _batch_norm_inference(b, node, graph)
         return
     hints = ["bn_running_mean", "bn_running_var", "bn_saved_mean", "bn_saved_inv_std"]
     outputs = [node.output[0], *(b.name(h) for h in hints)]
     name = node.name or b.name("n_BatchNorm")
     new = helper.make_node("BatchNormInternal", list(node.input), outputs, name=name, domain="com.microsoft")
-    new.attribute.extend(node.attribute)
+    new.attribute.extend(a for a in node.attribute if a.name != "training_mode")
+    new.attribute.append(helper.make_attribute("training_mode", 1))
     b.nodes.append(new)
-
-
-def _batch_norm_inference(b: NodeBuilder, node: onnx.NodeProto, graph: _Graph) -> None:
-    """BatchNormalization in inference mode as (x - mean) * (scale / sqrt(var + epsilon)) + B,
-    the per-channel vectors unsqueezed to [C, 1, ...] against x [N, C, ...]. Leaves ``b.nodes``
-    empty when x's rank is not known."""
-    x, scale, bias, mean, var = node.input
-    rank = graph.rank(x)
-    if rank is None or rank < 2:
-        return
-    dtype = helper.tensor_dtype_to_np_dtype(graph.elem_type(x))
-    epsilon = b.const(float(_attr(node, "epsilon", 1e-5)), "epsilon", dtype)
-    factor = b.op("Div", [scale, b.op("Sqrt", [b.op("Add", [var, epsilon])], "std")], "bn_factor")
-    spatial = b.int_const(list(range(1, rank - 1)), "spatial_axes") if rank > 2 else ""
-
-    def per_channel(name: str) -> str:
-        return b.op("Unsqueeze", [name, spatial], "per_channel") if spatial else name
-
-    centred = b.op("Sub", [x, per_channel(mean)], "centred")
-    scaled = b.op("Mul", [centred, per_channel(factor)], "scaled")
-    b.nodes.append(
-        helper.make_node("Add", [scaled, per_channel(bias)], [node.output[0]], name=b.name("n_Add"))
-    )
 
 
 _REWRITERS: dict[str, Rewriter] = {
