@@ -43,6 +43,7 @@ from ort_train_core import (  # noqa: E402
     OrtGradientOptimizer,
     add_loss_output,
 )
+from ort_train_core.cli import main as cli_main  # noqa: E402
 
 
 class StepLosses(Callback):
@@ -265,3 +266,17 @@ def test_divergence_rolls_the_running_statistics_back(route: str, trained_torch)
     assert len(steps.losses) >= 2  # steps ran (and updated the statistics) before the divergence
     for name, value in trainer.get_state().items():
         np.testing.assert_array_equal(value, initial[name], err_msg=name)
+
+
+def test_inspect_lists_the_running_statistics(trained_torch, tmp_path, capsys) -> None:
+    """``ort-train inspect`` lists the running statistics apart from the trained weights."""
+    model, _, _ = trained_torch
+    onnx.save(model, tmp_path / "bn.onnx")
+    assert cli_main(["inspect", str(tmp_path / "bn.onnx")]) == 0
+    out = capsys.readouterr().out
+    trained, _, rest = out.partition("running statistics")
+    assert "fc1.weight" in trained
+    assert "running" not in trained.split("trainable float initializers")[1]
+    for name in ("bn1.running_mean", "bn1.running_var", "bn2.running_mean", "bn2.running_var"):
+        assert f"  {name}: float32" in rest
+    assert "gradient graph: yes" in rest

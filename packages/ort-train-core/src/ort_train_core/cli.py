@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, helper
 
+from ._batchnorm import running_statistics
 from ._data import DataSpec, check_fit_arrays
 from ._exported import export_notes, exporter_constants
 from ._io import check_regular_file, load_model
@@ -462,6 +463,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(f"trainable float initializers (that output {output!r} depends on): {len(weights)}")
     for name in weights:
         print(f"  {name}: {_tensor_text(floats[name])}")
+    statistics = [n for n in running_statistics(model) if n in floats]
+    if statistics:
+        print(f"running statistics (BatchNormalization state, updated by training): {len(statistics)}")
+        for name in statistics:
+            print(f"  {name}: {_tensor_text(floats[name])}")
     _print_export_findings(model, output, weights)
     if reason is None:
         print("gradient graph: yes (ort-train fit can train it)")
