@@ -564,17 +564,19 @@ class BaseOrtTrainer(ParamsMixin):
         return state if state is not None else self._initial_state()
 
     def get_state(self) -> dict[str, np.ndarray]:
-        """Copies of the trained weights (the initial ones before any fit).
+        """Copies of the trained weights and of BatchNormalization's running statistics (the
+        initial ones before any fit).
 
         Returns
         -------
         dict of str to numpy.ndarray
-            The weights by name.
+            The values by name.
         """
         return {k: v.copy() for k, v in self._current_state().weights.items()}
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        """Replaces weights (all or some); a following fit with ``warm_start=True`` starts there.
+        """Replaces weights or running statistics (all or some); a following fit with
+        ``warm_start=True`` starts there.
 
         Parameters
         ----------
