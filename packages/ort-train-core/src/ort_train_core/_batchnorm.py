@@ -55,7 +55,8 @@ def running_statistics(model: ModelProto) -> list[str]:
     list of str
         The initializer names (none twice).
     """
-    inits = {i.name for i in model.graph.initializer} | {i.name for i in model.graph.input}
+    # a statistic fed as a graph input is the caller's to update
+    inits = {i.name for i in model.graph.initializer}
     out: list[str] = []
     for node in model.graph.node:
         if _is_batch_norm(node):
