@@ -280,3 +280,22 @@ def test_inspect_lists_the_running_statistics(trained_torch, tmp_path, capsys) -
     for name in ("bn1.running_mean", "bn1.running_var", "bn2.running_mean", "bn2.running_var"):
         assert f"  {name}: float32" in rest
     assert "gradient graph: yes" in rest
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=ValueError,
+    reason="issue 17 item 1: fit refuses images [N, C, H, W] ('X must be 2-D')",
+)
+@pytest.mark.parametrize("route", ["full", "partial"])
+def test_conv_batchnorm2d_on_images_trains_as_torch(route: str) -> None:
+    """Conv2d + BatchNorm2d fed images [N, 2, 6, 6] (the network of
+    test_conv_batchnorm2d_trains_as_torch without the graph's reshape)."""
+    torch.manual_seed(0)
+    flat = FlatConvNet()
+    net = nn.Sequential(flat.conv, flat.bn, nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), flat.out)
+    X, y = batchnorm_data(72)
+    X, y = (X / 4).reshape(-1, 2, 6, 6), y / 4
+    model = export_training(copy.deepcopy(net), torch.from_numpy(X[:BATCH]))
+    start_from_export(net, model)
+    check_training(route, model, net, torch_sgd(net, X, y), X, y)
