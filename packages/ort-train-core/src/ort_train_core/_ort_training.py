@@ -85,15 +85,19 @@ class OrtTrainingBackend:
         except Exception as exc:  # onnxruntime raises RuntimeError/Fail with C++ context
             text = str(exc)
             gap = _gradient_gap(text)
-            if gap:
+            if gap is None:
+                raise GraphNotDifferentiableError(_build_failure(text, "the gradient graph")) from exc
+            # GRU, LSTM: only the module graph builder has their gradients
+            out = _module_gradient_graph(model, loss_name, names)
+            if out is None:
                 raise GraphNotDifferentiableError(gap) from exc
-            raise GraphNotDifferentiableError(_build_failure(text, "the gradient graph")) from exc
-        out = onnx.load_from_string(builder.get_model())
+        else:
+            out = onnx.load_from_string(builder.get_model())
+            if seed != loss_name:
+                kept = [o for o in out.graph.output if o.name != seed]
+                del out.graph.output[:]
+                out.graph.output.extend(kept)
         out.ir_version = min(out.ir_version, MAX_IR_VERSION)
-        if seed != loss_name:
-            kept = [o for o in out.graph.output if o.name != seed]
-            del out.graph.output[:]
-            out.graph.output.extend(kept)
         return fold_static_shapes(double_gradient_rewrites(out, _output_type(model, loss_name)))
 
     def fused_step(
@@ -307,6 +311,54 @@ def _gradient_gap(text: str) -> str | None:
             "weights_to_train, or write that step with operators that have one"
         )
     return None
+
+
+def _module_gradient_graph(model: ModelProto, loss_name: str, names: Sequence[str]) -> ModelProto | None:
+    """The gradient graph of :meth:`OrtTrainingBackend.gradient_graph` built by the module graph
+    builder, whose gradient registry has operators GradientGraphBuilder's lacks (GRU, LSTM);
+    None when it cannot build it either.
+
+    Its gradient model is a forward and a backward joined by a ``YieldOp`` that hands the
+    forward's outputs to the caller and takes their gradients back. Here the YieldOp becomes
+    the seed: ones for the loss, zeros for the other outputs (nothing is differentiated through
+    them), each of its output's shape and type, so that one plain session run computes the
+    outputs and the gradients ``<name>_grad`` (the training build's CPU kernels run the
+    com.microsoft forward and gradient operators it holds: GRUTraining, GRUGrad, ...).
+    """
+    cfg = ort_capi.OrtModuleGraphBuilderConfiguration()
+    cfg.initializer_names, cfg.initializer_names_to_train = [], []
+    cfg.input_names_require_grad = list(names)  # the trained weights are graph inputs here
+    builder = ort_capi.OrtModuleGraphBuilder()
+    try:
+        builder.initialize(model.SerializeToString(), cfg)
+        builder.build(ort_capi.TrainingGraphTransformerConfiguration())
+    except Exception:  # the caller names the operator GradientGraphBuilder had no gradient for
+        return None
+    out = onnx.load_from_string(builder.get_gradient_model())
+    yields = [n for n in out.graph.node if n.op_type == "YieldOp" and n.domain == "com.microsoft"]
+    if len(yields) != 1:
+        return None
+    (yield_node,) = yields
+    skipped = {int(i) for a in yield_node.attribute if a.name == "non_differentiable_outputs" for i in a.ints}
+    forward_outputs = [x for k, x in enumerate(yield_node.input) if k not in skipped]
+    b = NodeBuilder(onnx.TensorProto.FLOAT, 17, all_names(out), prefix="seed_")
+    for value, grad in zip(forward_outputs, yield_node.output):
+        dtype = helper.tensor_dtype_to_np_dtype(_output_type(model, value))
+        fill = np.array([1.0 if value == loss_name else 0.0], dtype=dtype)
+        shape = b.op("Shape", [value], f"{value}_shape")
+        b.nodes.append(
+            helper.make_node(
+                "ConstantOfShape", [shape], [grad], name=b.name("n_seed"), value=numpy_helper.from_array(fill)
+            )
+        )
+    nodes = list(out.graph.node)
+    at = nodes.index(yield_node)
+    del out.graph.node[:]
+    out.graph.node.extend([*nodes[:at], *b.nodes, *nodes[at + 1 :]])
+    grads = list(out.graph.output)
+    del out.graph.output[:]
+    out.graph.output.extend([*model.graph.output, *grads])
+    return out
 
 
 def _build_error(exc: Exception, weights: Sequence[str]) -> GraphNotDifferentiableError:
