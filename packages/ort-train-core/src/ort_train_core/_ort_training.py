@@ -98,7 +98,8 @@ class OrtTrainingBackend:
                 del out.graph.output[:]
                 out.graph.output.extend(kept)
         out.ir_version = min(out.ir_version, MAX_IR_VERSION)
-        return fold_static_shapes(double_gradient_rewrites(out, _output_type(model, loss_name)))
+        out = double_gradient_rewrites(shaped_max_pool_grads(out), _output_type(model, loss_name))
+        return fold_static_shapes(out)
 
     def fused_step(
         self,
@@ -446,6 +447,73 @@ def _module_graphs(
         fetch_names=[o.name for o in grad_model.graph.output],
         non_differentiable_outputs=frozenset(info.output_grad_indices_non_differentiable),
     )
+
+
+def shaped_max_pool_grads(model: ModelProto) -> ModelProto:
+    """Rewrites the MaxPoolGrad nodes whose output shape the graph does not fix as a scatter of
+    the output gradient into zeros shaped like MaxPool's input (same values).
+
+    onnxruntime-training's CPU MaxPoolGrad sizes its output from the shape recorded for that
+    output when the session is created, not from its inputs: when the shape is not fully known
+    (MaxPool's input comes after a Reshape whose shape is computed at run time, as in a resnet18
+    exported in eval mode with its input reshaped), the kernel writes out of bounds and the
+    process dies (segmentation fault). MaxPool's indices are flat offsets into its input
+    (``storage_order=0``), so ``ScatterElements(zeros, indices, dY, reduction='add')`` on the
+    flattened tensors, reshaped to the input's run-time shape, is the same gradient. Graphs
+    whose opset has no ScatterElements reduction (before 16) are left as they are.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        A gradient graph.
+
+    Returns
+    -------
+    onnx.ModelProto
+        A rewritten copy, or ``model`` itself when every MaxPoolGrad has a fixed output shape.
+    """
+    grads = {
+        k: n
+        for k, n in enumerate(model.graph.node)
+        if n.op_type == "MaxPoolGrad" and n.domain in ("", "com.microsoft")
+    }
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if not grads or opset < 16:
+        return model
+    shapes, elem_types = _static_shapes(model)
+    pooled = {
+        n.output[1]: n.input[0] for n in model.graph.node if n.op_type == "MaxPool" and len(n.output) > 1
+    }
+    unsized = {k for k, n in grads.items() if n.output[0] not in shapes and n.input[1] in pooled}
+    if not unsized:
+        return model
+    out = ModelProto()
+    out.CopyFrom(model)
+    b = NodeBuilder(onnx.TensorProto.FLOAT, opset, all_names(out), prefix="maxpoolgrad_")
+    flat = b.int_const([-1], "flat")
+    nodes: list[onnx.NodeProto] = [*b.nodes]
+    for k, node in enumerate(out.graph.node):
+        if k not in unsized:
+            nodes.append(node)
+            continue
+        b.nodes = []
+        dy, indices = node.input[0], node.input[1]
+        x = pooled[indices]
+        zero = np.zeros(1, dtype=helper.tensor_dtype_to_np_dtype(elem_types.get(dy, onnx.TensorProto.FLOAT)))
+        x_flat = b.op("Reshape", [x, flat], "x_flat")
+        zeros = b.op(
+            "ConstantOfShape", [b.op("Shape", [x_flat], "size")], "zeros", value=numpy_helper.from_array(zero)
+        )
+        rows = [b.op("Reshape", [name, flat], hint) for name, hint in ((indices, "indices"), (dy, "dy"))]
+        dx_flat = b.op("ScatterElements", [zeros, *rows], "dx_flat", axis=0, reduction="add")
+        shape = b.op("Shape", [x], "x_shape")
+        b.nodes.append(
+            helper.make_node("Reshape", [dx_flat, shape], [node.output[0]], name=b.name("n_Reshape"))
+        )
+        nodes.extend(b.nodes)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return out
 
 
 def fold_static_shapes(model: ModelProto) -> ModelProto:
