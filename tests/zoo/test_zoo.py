@@ -250,10 +250,6 @@ def known_failures(name: str, exporter: str, route: str, scope: str) -> list[str
     reasons = []
     if route != "module":  # OnnxModule takes torch tensors of any rank and dtype
         reasons.append(_INPUT_FAILURES[name])
-    # the scikit-learn estimators train with the full loop (training='full')
-    fused = route in ("full", "sklearn")
-    if name in ("gru", "lstm") and fused and scope == "all":
-        reasons.append(f"item 6: the full loop has no gradient for {name.upper()}")
     return reasons
 
 
@@ -356,8 +352,6 @@ def _inspect_cases() -> list[Any]:
             reasons = []
             if name in ("transformer", "bert"):
                 reasons.append("item 1: inspect says fit feeds one float input (int64 ids, two inputs)")
-            if name in ("gru", "lstm"):
-                reasons.append(f"item 6: no gradient for {name.upper()} in the fused step graph")
             out.append(pytest.param(name, exporter, marks=_xfail(reasons), id=f"{name}-{exporter}"))
     return out
 
