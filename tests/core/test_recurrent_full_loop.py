@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 
 from batchnorm_support import export_training  # noqa: E402
-from ort_train_core import Callback, OrtGradientOptimizer, add_loss_output  # noqa: E402
+from ort_train_core import Callback, GraphNotDifferentiableError, OrtGradientOptimizer, add_loss_output  # noqa: E402
 from ort_train_core._ort_training import OrtTrainingBackend  # noqa: E402
 
 STEPS, BATCH, LR = 3, 4, 0.1
@@ -107,3 +107,18 @@ def test_recurrent_gradient_graph_is_one_plain_graph() -> None:
     assert "YieldOp" not in {n.op_type for n in grad.graph.node}
     outputs = {o.name for o in grad.graph.output}
     assert {"loss", *(f"{w}_grad" for w in weights)} <= outputs
+
+
+def test_operator_without_gradient_in_either_builder_is_named() -> None:
+    """nn.RNN (an RNN node) has a gradient in neither of onnxruntime's builders: the full loop's
+    error names the operator and the node, without onnxruntime's C++ text."""
+    torch.manual_seed(0)
+    X, y = _data()
+    model = export_training(Recurrent(nn.RNN), torch.from_numpy(X[:BATCH]))
+    (node,) = [n.name for n in model.graph.node if n.op_type == "RNN"]
+    trainer = OrtGradientOptimizer(add_loss_output(model), batch_size=BATCH, max_iter=1)
+    with pytest.raises(
+        GraphNotDifferentiableError, match=f"operator RNN \\(node '{node}'\\) has no gradient"
+    ) as info:
+        trainer.fit(X, y)
+    assert ".cc:" not in str(info.value)
