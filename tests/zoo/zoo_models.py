@@ -71,20 +71,22 @@ class BasicBlock(nn.Module):
 
 
 class TinyResNet(nn.Module):
-    """resnet18's shape at toy width: stem, one plain and one downsampling block, pool, fc."""
+    """resnet18's shape at toy width: stem (conv-bn-relu-maxpool), one plain and one
+    downsampling block, pool, fc."""
 
     def __init__(self, dropout: float = 0.0) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(3, 8, 3, 1, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(8)
         self.relu = nn.ReLU()
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
         self.layer1 = BasicBlock(8, 8, 1)
         self.layer2 = BasicBlock(8, 16, 2)
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(16, N_CLASSES)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         x = self.layer2(self.layer1(x))
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
