@@ -20,6 +20,9 @@ nox.options.sessions = ["lint", "typecheck", "tests"]
 ROOT = pathlib.Path(__file__).parent
 PYTHONS = ["3.10", "3.11", "3.12"]
 PACKAGES = ["ort-train-core", "ort-train-sklearn", "ort-train-torch"]
+# torch's dynamo exporter (`torch.onnx.export(..., dynamo=True)`) imports onnxscript; the tests
+# exporting with it skip without, and install it where torch is
+ONNXSCRIPT = "onnxscript; python_version == '3.11'"
 # pip takes the CPU build of torch from local disk only with this exact pin (Python 3.11); any
 # looser spec downloads a multi-GB CUDA build. Other interpreters test without torch.
 TORCH = "torch==2.13.0; python_version == '3.11'"
@@ -32,10 +35,10 @@ def _install_core(session: nox.Session, device: str = "cpu") -> None:
 # what each distribution's tests need beside the distribution itself: torch only where it is the
 # point, so that a missing dependency of one adapter cannot hide behind another's install
 TEST_SUITES = {
-    "core": (["ort-train-core"], ["scikit-learn", "skl2onnx", TORCH], "tests/core"),
+    "core": (["ort-train-core"], ["scikit-learn", "skl2onnx", TORCH, ONNXSCRIPT], "tests/core"),
     "sklearn": (["ort-train-core", "ort-train-sklearn"], [], "tests/sklearn_adapter"),
     # torch first, pinned: the adapter's own `torch>=2.1` would otherwise fetch a CUDA build
-    "torch": (["ort-train-core", "ort-train-torch"], [TORCH], "tests/torch_adapter"),
+    "torch": (["ort-train-core", "ort-train-torch"], [TORCH, ONNXSCRIPT], "tests/torch_adapter"),
     # issue 17's zoo: architectures exported from torch (both exporters; the dynamo one needs
     # onnxscript), trained by every route of the three distributions (about a minute)
     "zoo": (

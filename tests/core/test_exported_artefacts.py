@@ -85,6 +85,7 @@ def _export(net: nn.Module, n_features: int, exporter: str, training: bool) -> o
     net.train(training)
     kwargs: dict = dict(opset_version=18, input_names=["X"], output_names=["logits"])
     if exporter == "dynamo":
+        pytest.importorskip("onnxscript")  # torch's dynamo exporter writes through onnxscript
         kwargs.update(dynamo=True, dynamic_shapes=({0: torch.export.Dim("N")},))
     else:
         mode = torch.onnx.TrainingMode.TRAINING if training else torch.onnx.TrainingMode.EVAL
