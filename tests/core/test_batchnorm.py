@@ -282,11 +282,6 @@ def test_inspect_lists_the_running_statistics(trained_torch, tmp_path, capsys) -
     assert "gradient graph: yes" in rest
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="issue 17 item 1: fit refuses images [N, C, H, W] ('X must be 2-D')",
-)
 @pytest.mark.parametrize("route", ["full", "partial"])
 def test_conv_batchnorm2d_on_images_trains_as_torch(route: str) -> None:
     """Conv2d + BatchNorm2d fed images [N, 2, 6, 6] (the network of

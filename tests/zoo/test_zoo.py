@@ -247,21 +247,9 @@ RUNNERS = {"full": run_full, "partial": run_partial, "module": run_module, "skle
 
 def known_failures(name: str, exporter: str, route: str, scope: str) -> list[str]:
     """Why a pair fails today, by item of issue 17 (empty when it should pass)."""
-    reasons = []
-    if route != "module":  # OnnxModule takes torch tensors of any rank and dtype
-        reasons.append(_INPUT_FAILURES[name])
-    return reasons
-
-
-_INPUT_FAILURES = {
-    "resnet": "item 1: fit refuses images [N, C, H, W] ('X must be 2-D')",
-    "mobilenet": "item 1: fit refuses images [N, C, H, W] ('X must be 2-D')",
-    "transformer": "item 1: int64 token ids are cast to float32 (or refused)",
-    "bert": "item 1: fit takes one input array, the graph has two (input_ids, attention_mask)",
-    "gru": "item 1: fit refuses sequences [N, T, F] ('X must be 2-D')",
-    "lstm": "item 1: fit refuses sequences [N, T, F] ('X must be 2-D')",
-    "conv1d": "item 1: fit refuses signals [N, C, T] ('X must be 2-D')",
-}
+    if route == "sklearn":
+        return ["item 1: OnnxModel* validates X as a 2-D matrix (scikit-learn's validate_data)"]
+    return []
 
 
 def _xfail(reasons: list[str]) -> list[Any]:
@@ -349,7 +337,7 @@ def _inspect_cases() -> list[Any]:
     out = []
     for name in zm.ZOO:
         for exporter in zm.EXPORTERS:
-            reasons = []
+            reasons: list[str] = []
             if name in ("transformer", "bert"):
                 reasons.append("item 1: inspect says fit feeds one float input (int64 ids, two inputs)")
             out.append(pytest.param(name, exporter, marks=_xfail(reasons), id=f"{name}-{exporter}"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -11,16 +11,57 @@ from ._binding import DeviceArray
 from ._runtime import Device, ort_capi
 
 
+@dataclass(frozen=True)
+class FeatureSpec:
+    """One batched input of the graph: its name, element type and declared dims (None where
+    free; the first, the batch, is never checked)."""
+
+    name: str
+    dtype: np.dtype
+    dims: tuple[int | None, ...] | None
+
+    def describe(self) -> str:
+        """The shape the input expects, as ``(n, 3, ?, ?)``."""
+        if self.dims is None:
+            return "(n, ...)"
+        return "(" + ", ".join(["n", *(str(d) if d is not None else "?" for d in self.dims[1:])]) + ")"
+
+
 @dataclass
 class DataSpec:
-    """What the graph expects: feature count (None when free), dtypes, label layout."""
+    """What the graph expects: its batched inputs (features), the label's dtype and layout,
+    whether it takes sample weights (in ``weight_dtype``)."""
 
-    n_features: int | None
-    feature_dtype: np.dtype
+    features: tuple[FeatureSpec, ...]
     label_dtype: np.dtype
     label_tail: tuple[int | None, ...]
     has_weight: bool
     n_classes: int | None = None
+    weight_dtype: np.dtype = field(default_factory=lambda: np.dtype(np.float32))
+
+
+def feature_spec(vi: Any) -> FeatureSpec:
+    """The FeatureSpec of a graph input (a ``ValueInfoProto``).
+
+    Parameters
+    ----------
+    vi : onnx.ValueInfoProto
+        The input.
+
+    Returns
+    -------
+    FeatureSpec
+        Its name, numpy dtype and dims (None when the graph declares no shape).
+    """
+    from onnx import helper
+
+    tt = vi.type.tensor_type
+    dims = (
+        tuple(d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim)
+        if tt.HasField("shape")
+        else None
+    )
+    return FeatureSpec(vi.name, np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)), dims)
 
 
 def _as_numeric(name: str, value: Any) -> np.ndarray:
@@ -100,15 +141,17 @@ def _check_finite(name: str, arr: np.ndarray) -> None:
 
 def check_fit_arrays(
     spec: DataSpec, X: Any, y: Any, sample_weight: Any = None, prefix: str = ""
-) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+) -> list[np.ndarray | None]:
     """Validated C-contiguous copies (or views) in the graph's dtypes; never trains on garbage.
 
     Parameters
     ----------
     spec : DataSpec
         What the graph expects.
-    X : array-like of shape (n_samples, n_features)
-        The features.
+    X : array-like, dict of array-like, or tuple of array-like
+        The features: one array of the input's rank for a graph with one batched input; for
+        several, a dict ``{input name: array}`` or a tuple (or list) of arrays in the graph's
+        input order. Every array has the same number of rows (first axis).
     y : array-like of shape (n_samples, ...)
         The labels: class indices for an integer label, else values of the label's shape.
     sample_weight : array-like of shape (n_samples,), optional
@@ -119,19 +162,21 @@ def check_fit_arrays(
 
     Returns
     -------
-    tuple of numpy.ndarray
-        X, y and the sample weights (None when the graph takes none).
+    list of numpy.ndarray or None
+        The features in the graph's input order, then y, then the sample weights (None when
+        the graph takes none): the order the batches feed them.
 
     Raises
     ------
     ValueError
-        Wrong shapes, NaN or inf, values beyond the graph's dtype, bad class indices or
-        weights, a sample weight for a graph without one.
+        Wrong shapes or row counts, NaN or inf, values beyond the graph's dtype, fractions for
+        an integer input, bad class indices or weights, a sample weight for a graph without one.
     TypeError
-        Values that are not real numbers (strings, objects, complex, durations, masked).
+        Values that are not real numbers (strings, objects, complex, durations, masked), or
+        features in a form that does not name the graph's inputs.
     """
-    Xc = _check_X(spec, X, prefix)
-    n = Xc.shape[0]
+    features = check_features(spec.features, X, prefix)
+    n = features[0].shape[0]
     ya = _as_numeric(f"{prefix}y", y)
     if ya.ndim == 0 or ya.shape[0] != n:
         raise ValueError(f"{prefix}y has {ya.shape[0] if ya.ndim else 0} rows but X has {n}")
@@ -141,20 +186,111 @@ def check_fit_arrays(
     else:
         yc = _check_label_values(spec, ya, prefix)
     if sample_weight is not None:
-        return Xc, yc, _check_sample_weight(spec, sample_weight, n, prefix)
-    return Xc, yc, np.ones(n, dtype=spec.feature_dtype) if spec.has_weight else None
+        return [*features, yc, _check_sample_weight(spec, sample_weight, n, prefix)]
+    return [*features, yc, np.ones(n, dtype=spec.weight_dtype) if spec.has_weight else None]
 
 
-def _check_X(spec: DataSpec, X: Any, prefix: str) -> np.ndarray:
-    Xa = _as_numeric(f"{prefix}X", X)
-    if Xa.ndim != 2:
-        raise ValueError(f"{prefix}X must be 2-D (n_samples, n_features), got shape {Xa.shape}")
-    if Xa.shape[0] == 0:
-        raise ValueError(f"{prefix}X has no rows")
-    if spec.n_features is not None and Xa.shape[1] != spec.n_features:
-        raise ValueError(f"{prefix}X has {Xa.shape[1]} features but the model expects {spec.n_features}")
-    _check_finite(f"{prefix}X", Xa)
-    return cast_checked(f"{prefix}X", Xa, spec.feature_dtype)
+def split_features(specs: tuple[FeatureSpec, ...], X: Any, prefix: str = "") -> list[tuple[FeatureSpec, Any]]:
+    """Pairs each batched input with its array-like in ``X`` (one array, a dict by input name,
+    or a tuple/list in input order)."""
+    names = [f.name for f in specs]
+    if isinstance(X, dict):
+        missing = [n for n in names if n not in X]
+        extra = [k for k in X if k not in names]
+        if missing or extra:
+            detail = (f"; missing {missing}" if missing else "") + (f"; unknown {extra}" if extra else "")
+            raise ValueError(
+                f"{prefix}X is a dict with keys {sorted(map(str, X))} but the model's batched inputs are "
+                f"{names}{detail}"
+            )
+        return [(f, X[f.name]) for f in specs]
+    if len(specs) == 1:
+        return [(specs[0], X)]
+    if isinstance(X, (tuple, list)) and len(X) == len(specs):
+        return list(zip(specs, X))
+    got = f"a {type(X).__name__} of {len(X)} items" if isinstance(X, (tuple, list)) else type(X).__name__
+    raise TypeError(
+        f"the model has {len(specs)} batched inputs {names}: give {prefix}X as a dict "
+        f"{{name: array}} or a tuple of {len(specs)} arrays in that order, not {got}"
+    )
+
+
+def check_features(specs: tuple[FeatureSpec, ...], X: Any, prefix: str = "") -> list[np.ndarray]:
+    """The arrays of the graph's batched inputs, checked (rank, fixed dims, finite, dtype range,
+    equal row counts) and cast to each input's dtype, in the graph's input order.
+
+    Parameters
+    ----------
+    specs : tuple of FeatureSpec
+        The batched inputs.
+    X : array-like, dict or tuple
+        As :func:`check_fit_arrays`.
+    prefix : str, optional
+        Prepended to the names in the messages.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        One C-contiguous array per input.
+
+    Raises
+    ------
+    ValueError, TypeError
+        As :func:`check_fit_arrays`.
+    """
+    pairs = split_features(specs, X, prefix)
+    out = []
+    for f, value in pairs:
+        what = f"{prefix}X" if len(specs) == 1 else f"{prefix}X[{f.name!r}]"
+        out.append(_check_input(f, value, what))
+    rows = {f.name: a.shape[0] for f, a in zip(specs, out)}
+    if len(set(rows.values())) > 1:
+        raise ValueError(f"the inputs of {prefix}X have different row counts: {rows}")
+    return out
+
+
+def _check_input(spec: FeatureSpec, value: Any, what: str) -> np.ndarray:
+    arr = _as_numeric(what, value)
+    dims = spec.dims
+    if dims is not None and arr.ndim != len(dims):
+        two_d = " (n_samples, n_features)" if len(dims) == 2 else ""
+        raise ValueError(
+            f"{what} must be {len(dims)}-D{two_d}: the model's input {spec.name!r} has shape "
+            f"{spec.describe()}, got shape {arr.shape}"
+        )
+    if arr.ndim == 0:
+        raise ValueError(f"{what} must have one row per sample (a first axis), got a scalar")
+    if arr.shape[0] == 0:
+        raise ValueError(f"{what} has no rows")
+    if dims is not None:
+        for axis, (want, got) in enumerate(zip(dims[1:], arr.shape[1:]), start=1):
+            if want is not None and want != got:
+                if len(dims) == 2:
+                    raise ValueError(f"{what} has {got} features but the model expects {want}")
+                raise ValueError(
+                    f"{what} has {got} on axis {axis} but the model's input {spec.name!r} has shape "
+                    f"{spec.describe()}; got shape {arr.shape}"
+                )
+    _check_finite(what, arr)
+    if np.issubdtype(spec.dtype, np.floating):
+        return cast_checked(what, arr, spec.dtype)
+    if spec.dtype == np.bool_:
+        if arr.dtype != np.bool_ and not np.isin(arr, (0, 1)).all():
+            raise ValueError(f"{what} feeds the boolean input {spec.name!r}: give booleans (or 0/1 values)")
+        return np.ascontiguousarray(arr, dtype=np.bool_)
+    if np.issubdtype(spec.dtype, np.integer):
+        if np.issubdtype(arr.dtype, np.floating) and not np.array_equal(arr, np.round(arr)):
+            raise ValueError(
+                f"{what} feeds the integer input {spec.name!r} ({spec.dtype}: ids or indices) but holds "
+                f"fractions; give integers"
+            )
+        info = np.iinfo(spec.dtype)
+        if arr.size and (arr.min() < info.min or arr.max() > info.max):
+            raise ValueError(
+                f"{what} holds values beyond the range of {spec.dtype}, the type of input {spec.name!r}"
+            )
+        return np.ascontiguousarray(arr, dtype=spec.dtype)
+    raise TypeError(f"the model's input {spec.name!r} has element type {spec.dtype}, which fit cannot feed")
 
 
 def _check_class_indices(spec: DataSpec, ya: np.ndarray, prefix: str) -> np.ndarray:
@@ -207,7 +343,7 @@ def _check_sample_weight(spec: DataSpec, sample_weight: Any, n: int, prefix: str
         raise ValueError(f"{prefix}sample_weight holds negative values; weights must be >= 0")
     if not wa.any():
         raise ValueError(f"{prefix}sample_weight is all zeros: there is nothing to learn from")
-    return cast_checked(f"{prefix}sample_weight", wa, spec.feature_dtype)
+    return cast_checked(f"{prefix}sample_weight", wa, spec.weight_dtype)
 
 
 #: device kinds whose fits keep everything on the device: the data uploaded once, shuffled

@@ -130,7 +130,7 @@ class BaseOrtTrainer(ParamsMixin):
         state: TrainingState,
         device: Device,
         lr: BaseLearningRate,
-        validation: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None,
+        validation: Sequence[np.ndarray | None] | None,
     ) -> StepRunner:
         raise NotImplementedError
 
@@ -219,8 +219,13 @@ class BaseOrtTrainer(ParamsMixin):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
-            The features.
+        X : array-like, dict of array-like, or tuple of array-like
+            The features: an array of the graph input's rank (``(n_samples, n_features)``,
+            images ``(n_samples, C, H, W)``, int64 token ids ``(n_samples, T)``...) in its
+            element type (float data is cast to a float input's type, integer inputs take
+            integers, bool ones booleans). A graph with several batched inputs takes a dict
+            ``{input name: array}`` or a tuple of arrays in the graph's input order, all with
+            the same number of rows. Batches slice the first axis.
         y : array-like of shape (n_samples,) or (n_samples, n_outputs)
             The labels (class indices for a cross-entropy loss).
         sample_weight : array-like of shape (n_samples,), optional
@@ -326,11 +331,9 @@ class BaseOrtTrainer(ParamsMixin):
 
     def _checked_data(
         self, X: Any, y: Any, sample_weight: Any, X_val: Any, y_val: Any, sample_weight_val: Any
-    ) -> tuple[
-        tuple[np.ndarray, np.ndarray, np.ndarray | None],
-        tuple[np.ndarray, np.ndarray, np.ndarray | None] | None,
-    ]:
-        """The training and validation arrays as fit uses them (validated, converted)."""
+    ) -> tuple[list[np.ndarray | None], list[np.ndarray | None] | None]:
+        """The training and validation arrays as fit uses them (validated, converted): the
+        batched inputs in graph order, the labels, the sample weights (None without)."""
         spec = self._data_spec()
         data = check_fit_arrays(spec, X, y, sample_weight)
         if (X_val is None) != (y_val is None):
@@ -339,9 +342,7 @@ class BaseOrtTrainer(ParamsMixin):
             return data, None
         return data, check_fit_arrays(spec, X_val, y_val, sample_weight_val, prefix="validation ")
 
-    def _batch_store(
-        self, data: tuple[np.ndarray, np.ndarray, np.ndarray | None], device: Device
-    ) -> BatchStore:
+    def _batch_store(self, data: Sequence[np.ndarray | None], device: Device) -> BatchStore:
         arrays = [a for a in data if a is not None]
         return BatchStore(arrays, int(self.batch_size), device, bool(self.shuffle))
 
@@ -368,7 +369,7 @@ class BaseOrtTrainer(ParamsMixin):
         if n_epochs <= 0:
             return self
         runner = self._make_runner(self._batch_store(data, device), self._state, device, lr, validation)
-        weights = data[2] if self._batches_weighted_by_sample_weight() else None
+        weights = data[-1] if self._batches_weighted_by_sample_weight() else None
         outcome = self._train(runner, weights, n_epochs, resuming)
         self._warn_outcome(outcome)
         return self

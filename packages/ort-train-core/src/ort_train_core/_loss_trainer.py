@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from onnx import ModelProto, helper
+from onnx import ModelProto
 
 from . import _batchnorm as batchnorm
 from ._binding import make_session
 from ._cache import model_digest
-from ._data import DataSpec
+from ._data import DataSpec, feature_spec
 from ._exported import warn_exported_graph
 from ._fit_loop import BaseOrtTrainer
 from ._runtime import Device
@@ -206,29 +206,25 @@ class LossGraphTrainer(BaseOrtTrainer):
         statistics = [n for n in batchnorm.running_statistics(model) if n not in parameters]
         inits = {i.name for i in model.graph.initializer}
         features = [n for n in inputs if n not in {label, weight} and n not in inits]
-        if len(features) != 1:
-            raise ValueError(f"fit feeds one feature input, but the model has {len(features)}: {features}")
+        if not features:
+            raise ValueError(f"the model has no input to feed the data to (inputs: {inputs})")
         return GraphInputs(parameters, label, weight, features, statistics)
 
     def _data_spec(self) -> DataSpec:
         model = self._model()
         inputs = self._inputs()
         by_name = {i.name: i for i in model.graph.input}
-
-        def info(name: str) -> tuple[np.dtype, list[int | None]]:
-            tt = by_name[name].type.tensor_type
-            dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
-            return np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)), dims
-
-        fdtype, fdims = info(inputs.features[0])
-        ldtype, ldims = info(inputs.label)
+        label = feature_spec(by_name[inputs.label])
+        weight_dtype = np.dtype(np.float32)
+        if inputs.sample_weight is not None:
+            weight_dtype = feature_spec(by_name[inputs.sample_weight]).dtype
         return DataSpec(
-            n_features=fdims[1] if len(fdims) == 2 else None,
-            feature_dtype=fdtype if np.issubdtype(fdtype, np.floating) else np.dtype(np.float32),
-            label_dtype=ldtype,
-            label_tail=tuple(ldims[1:]),
+            features=tuple(feature_spec(by_name[n]) for n in inputs.features),
+            label_dtype=label.dtype,
+            label_tail=tuple(label.dims[1:]) if label.dims else (),
             has_weight=inputs.sample_weight is not None,
             n_classes=get_metadata(model, "n_classes"),
+            weight_dtype=weight_dtype,
         )
 
     def _initial_state(self) -> TrainingState:

@@ -38,7 +38,7 @@ class DoubleBufferedRunner:
         lr: BaseLearningRate,
         weight_names: Sequence[str],
         evaluator: Any,
-        validation: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None,
+        validation: Sequence[np.ndarray | None] | None,
         loss_name: str,
         data_names: list[str],
     ) -> None:
@@ -97,7 +97,7 @@ class DoubleBufferedRunner:
         self.per_step_scalars = lr.scalars_change_every_step
 
     def _init_validation(
-        self, evaluator: Any, validation: tuple[np.ndarray, np.ndarray, np.ndarray | None], loss_name: str
+        self, evaluator: Any, validation: Sequence[np.ndarray | None], loss_name: str
     ) -> None:
         """The validation data on the device, bound once to the evaluator with a host loss."""
         self.eval_binding = CachedBinding(evaluator)

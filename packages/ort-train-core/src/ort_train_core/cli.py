@@ -22,7 +22,7 @@ import onnx
 from onnx import ModelProto, helper
 
 from ._batchnorm import running_statistics
-from ._data import DataSpec, check_fit_arrays
+from ._data import DataSpec, check_fit_arrays, feature_spec
 from ._exported import export_notes, exporter_constants
 from ._io import check_regular_file, load_model
 from ._npz import read_npz
@@ -793,12 +793,6 @@ def classification_metrics(output: np.ndarray, y: np.ndarray, loss: str) -> dict
     }
 
 
-def _tensor_info(vi: onnx.ValueInfoProto) -> tuple[np.dtype, list[int | None]]:
-    tt = vi.type.tensor_type
-    dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
-    return np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)), dims
-
-
 def _eval_spec(model: ModelProto, loss: str, output_index: int) -> tuple[str, DataSpec]:
     """The feature input eval feeds and the DataSpec fit would validate the data with: the
     same graph (add_loss_output) gives the same types, feature count and label layout."""
@@ -809,13 +803,11 @@ def _eval_spec(model: ModelProto, loss: str, output_index: int) -> tuple[str, Da
     features = [name for name in inputs if name != label]
     if len(features) != 1:
         raise _UsageError(f"eval feeds one input, the model has {features}")
-    fdtype, fdims = _tensor_info(inputs[features[0]])
-    ldtype, ldims = _tensor_info(inputs[label])
+    label_spec = feature_spec(inputs[label])
     spec = DataSpec(
-        n_features=fdims[1] if len(fdims) == 2 else None,
-        feature_dtype=fdtype if np.issubdtype(fdtype, np.floating) else np.dtype(np.float32),
-        label_dtype=ldtype,
-        label_tail=tuple(ldims[1:]),
+        features=(feature_spec(inputs[features[0]]),),
+        label_dtype=label_spec.dtype,
+        label_tail=tuple(label_spec.dims[1:]) if label_spec.dims else (),
         has_weight=False,
         n_classes=get_metadata(loss_model, "n_classes"),
     )
@@ -848,7 +840,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     X, y, _ = load_table(args.data, args.target)
     feature, spec = _eval_spec(model, args.loss, args.output_index)
     # fit's own validation (NaN/inf, complex, dates, feature count, class indices), same messages
-    X, y, _ = check_fit_arrays(spec, X, y)
+    X_checked, y_checked, _ = check_fit_arrays(spec, X, y)
+    assert X_checked is not None
+    assert y_checked is not None
+    X, y = X_checked, y_checked
     try:
         sess = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         feeds = {feature: X}

@@ -268,7 +268,7 @@ class OrtGradientOptimizer(LossGraphTrainer):
         state: TrainingState,
         device: Device,
         lr: BaseLearningRate,
-        validation: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None,
+        validation: Sequence[np.ndarray | None] | None,
     ) -> _FusedRunner:
         sizes = sorted({e - s for s, e in store.bounds})
         graphs = {size: self._fused(size, device, lr) for size in sizes}
@@ -306,7 +306,7 @@ class _FusedRunner(DoubleBufferedRunner):
         lr: BaseLearningRate,
         graphs: dict[int, FusedStep],
         evaluator: Any,
-        validation: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None,
+        validation: Sequence[np.ndarray | None] | None,
         loss_name: str,
         data_names: list[str],
     ) -> None:

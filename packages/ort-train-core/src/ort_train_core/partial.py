@@ -375,7 +375,7 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
         state: TrainingState,
         device: Device,
         lr: BaseLearningRate,
-        validation: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None,
+        validation: Sequence[np.ndarray | None] | None,
     ) -> _PartialRunner:
         sizes = sorted({e - s for s, e in store.bounds})
         graphs = self._graphs()
@@ -411,7 +411,7 @@ class _PartialRunner(DoubleBufferedRunner):
         update: Update,
         output_index: int,
         evaluator: Any,
-        validation: tuple[np.ndarray, np.ndarray, np.ndarray | None] | None,
+        validation: Sequence[np.ndarray | None] | None,
         loss_name: str,
         data_names: list[str],
     ) -> None:
