@@ -337,10 +337,7 @@ def _inspect_cases() -> list[Any]:
     out = []
     for name in zm.ZOO:
         for exporter in zm.EXPORTERS:
-            reasons: list[str] = []
-            if name in ("transformer", "bert"):
-                reasons.append("item 1: inspect says fit feeds one float input (int64 ids, two inputs)")
-            out.append(pytest.param(name, exporter, marks=_xfail(reasons), id=f"{name}-{exporter}"))
+            out.append(pytest.param(name, exporter, id=f"{name}-{exporter}"))
     return out
 
 

@@ -66,6 +66,8 @@ examples:
 
 data files: a .csv with a header row (numbers only) or an .npz; the target is the column (or
 array) --target, the features every other column (in file order), or the .npz array 'X'.
+Inputs of other ranks or types (images, int64 ids, masks) and several inputs: an .npz with one
+array per model input, named after it (np.savez('d.npz', input_ids=ids, attention_mask=m, y=y)).
 exit codes: 0 success, 1 training failed (diverged), 2 bad usage or input, 130 interrupted.
 """
 
@@ -211,7 +213,9 @@ def _data_arguments(p: argparse.ArgumentParser) -> None:
 
 
 # ---- data ----------------------------------------------------------------------------------------
-def load_table(path: str, target: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
+def load_table(
+    path: str, target: str, inputs: Sequence[str] | None = None
+) -> tuple[np.ndarray | dict[str, np.ndarray], np.ndarray, list[str]]:
     """The features and the target of a data file.
 
     Parameters
@@ -221,11 +225,16 @@ def load_table(path: str, target: str) -> tuple[np.ndarray, np.ndarray, list[str
     target : str
         The target's column (or array); the features are every other column (in file order),
         or the ``.npz`` array ``'X'`` when there is one.
+    inputs : sequence of str, optional
+        The model's batched inputs. An ``.npz`` holding an array named after each of them
+        feeds them by name (any rank and type: images, int64 ids, masks); a model with several
+        inputs needs such an ``.npz``.
 
     Returns
     -------
-    X : ndarray
-        The features, one row per sample.
+    X : ndarray or dict of str to ndarray
+        The features, one row per sample; a dict by input name when the ``.npz`` names the
+        inputs.
     y : ndarray
         The target.
     names : list of str
@@ -242,8 +251,16 @@ def load_table(path: str, target: str) -> tuple[np.ndarray, np.ndarray, list[str
         raise FileNotFoundError(2, f"data file not found: {path}", path)
     check_regular_file(path, "data file")  # a FIFO would block the read, /dev/zero never end
     suffix = os.path.splitext(path)[1].lower()
+    names = list(inputs or ())
     if suffix == ".npz":
-        return _load_npz(path, target)
+        return _load_npz(path, target, names)
+    if len(names) > 1:
+        raise _UsageError(
+            f"the model has {len(names)} inputs {names}; a {suffix or 'table'} holds one feature table: give "
+            f"an .npz with one array per input named after it and the target (np.savez(path, "
+            + ", ".join(f"{n}=..." for n in names)
+            + f", {target}=...))"
+        )
     if suffix == ".csv":
         return _load_csv(path, target)
     raise _UsageError(
@@ -251,13 +268,25 @@ def load_table(path: str, target: str) -> tuple[np.ndarray, np.ndarray, list[str
     )
 
 
-def _load_npz(path: str, target: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
+def _load_npz(
+    path: str, target: str, inputs: list[str]
+) -> tuple[np.ndarray | dict[str, np.ndarray], np.ndarray, list[str]]:
     arrays = read_npz(path)  # headers checked against the real bytes: no allocation from a claim
     if target not in arrays:
         raise _UsageError(f"{path} has no array {target!r}; arrays: {sorted(arrays)}")
     y = arrays.pop(target)
     if y.ndim == 0:
         raise _UsageError(f"{path}: the target {target!r} is a single value, not one value per row")
+    if inputs and all(name in arrays for name in inputs):
+        # arrays named after the inputs: fed as they are (fit checks ranks, types, rows)
+        named = {name: np.asarray(arrays[name]) for name in inputs}
+        return (named[inputs[0]] if len(inputs) == 1 else named), y, list(inputs)
+    if len(inputs) > 1:
+        missing = [name for name in inputs if name not in arrays]
+        raise _UsageError(
+            f"the model has {len(inputs)} inputs {inputs}; {path} needs one array named after each "
+            f"(missing {missing}; arrays: {sorted(arrays)})"
+        )
     if "X" in arrays:
         X = np.asarray(arrays["X"])
         if X.ndim == 1:
@@ -330,10 +359,6 @@ def _output_name(model: ModelProto, index: int) -> str:
     return outputs[index]
 
 
-#: input element types fit and eval feed (the features, cast to the input's float type)
-_FED_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
-
-
 def _type_text(vi: onnx.ValueInfoProto) -> str:
     if not vi.type.HasField("tensor_type"):
         return str(helper.printable_type(vi.type))
@@ -346,13 +371,19 @@ def _type_text(vi: onnx.ValueInfoProto) -> str:
     return f"{dtype} [{', '.join(dims)}]"
 
 
+def _batched_inputs(model: ModelProto) -> list[onnx.ValueInfoProto]:
+    inits = {i.name for i in model.graph.initializer}
+    return [vi for vi in model.graph.input if vi.name not in inits]
+
+
 def input_problem(model: ModelProto) -> str | None:
     """Why ``fit`` and ``eval`` cannot feed the graph's inputs, or None.
 
-    They feed one input, the features of a .csv or .npz as floating-point numbers: a graph
-    with a string, integer, bool or non-tensor input (or several inputs) passes the gradient
-    check (nothing is differentiated through them) and would fail in onnxruntime at the first
-    step with "Unexpected input data type".
+    They feed numeric tensors: the features of a .csv or .npz (cast to a float input's type),
+    or, for inputs of other ranks or types (images, int64 ids, boolean masks) and for several
+    inputs, the .npz arrays named after the inputs. A string or non-tensor input passes the
+    gradient check (nothing is differentiated through it) and would fail in onnxruntime at the
+    first step with "Unexpected input data type".
 
     Parameters
     ----------
@@ -364,31 +395,25 @@ def input_problem(model: ModelProto) -> str | None:
     str or None
         The problem and its fix, or None when the inputs can be fed.
     """
-    inits = {i.name for i in model.graph.initializer}
-    inputs = [vi for vi in model.graph.input if vi.name not in inits]
-    if len(inputs) != 1:
-        return (
-            f"the graph has {len(inputs)} inputs {[vi.name for vi in inputs]}; ort-train fit and eval "
-            "feed one, the features of the .csv or .npz"
-        )
-    vi = inputs[0]
-    if not vi.type.HasField("tensor_type"):
-        return (
-            f"input {vi.name!r} is a {helper.printable_type(vi.type)}, not a tensor; ort-train feeds "
-            "numeric arrays: export the model with a tensor input"
-        )
-    elem = vi.type.tensor_type.elem_type
-    if elem == onnx.TensorProto.STRING:
-        return (
-            f"input {vi.name!r} holds strings ({_type_text(vi)}); ort-train feeds numbers from a .csv "
-            "or .npz: encode the strings as numbers before the model (one-hot or ordinal codes) and "
-            "export the graph from its first numeric value on"
-        )
-    if elem and elem not in _FED_TYPES:
-        return (
-            f"input {vi.name!r} takes {_type_text(vi)}; ort-train fit and eval feed the features as "
-            "floating-point numbers: give the graph a float input and Cast it inside"
-        )
+    for vi in _batched_inputs(model):
+        if not vi.type.HasField("tensor_type"):
+            return (
+                f"input {vi.name!r} is a {helper.printable_type(vi.type)}, not a tensor; ort-train feeds "
+                "numeric arrays: export the model with a tensor input"
+            )
+        elem = vi.type.tensor_type.elem_type
+        if elem == onnx.TensorProto.STRING:
+            return (
+                f"input {vi.name!r} holds strings ({_type_text(vi)}); ort-train feeds numbers from a .csv "
+                "or .npz: encode the strings as numbers before the model (one-hot or ordinal codes) and "
+                "export the graph from its first numeric value on"
+            )
+        dtype = helper.tensor_dtype_to_np_dtype(elem) if elem else np.dtype(np.float32)
+        if not (np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.integer) or dtype == np.bool_):
+            return (
+                f"input {vi.name!r} takes {_type_text(vi)}; ort-train feeds real numbers, integers and "
+                "booleans: give the graph an input of one of those types and Cast it inside"
+            )
     return None
 
 
@@ -506,18 +531,28 @@ def _learning_rate(args: argparse.Namespace) -> BaseLearningRate:
     return LearningRateSGD(eta0=eta, learning_rate="constant")
 
 
+Features = np.ndarray | dict[str, np.ndarray]
+
+
 def _split(
-    X: np.ndarray, y: np.ndarray, fraction: float | None, seed: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    X: Features, y: np.ndarray, fraction: float | None, seed: int
+) -> tuple[Features, np.ndarray, Features | None, np.ndarray | None]:
     """Holds out a seeded random ``fraction`` of the rows; the rest keep their order."""
     if fraction is None:
         return X, y, None, None
-    n_val = round(fraction * len(X))
-    if n_val < 1 or n_val >= len(X):
-        raise _UsageError(f"--validation-fraction {fraction} of {len(X)} rows leaves an empty part")
-    held = np.zeros(len(X), dtype=bool)
-    held[np.random.default_rng(seed).permutation(len(X))[:n_val]] = True
-    return X[~held], y[~held], X[held], y[held]
+    n = len(y)
+    n_val = round(fraction * n)
+    if n_val < 1 or n_val >= n:
+        raise _UsageError(f"--validation-fraction {fraction} of {n} rows leaves an empty part")
+    held = np.zeros(n, dtype=bool)
+    held[np.random.default_rng(seed).permutation(n)[:n_val]] = True
+
+    def rows(mask: np.ndarray) -> Features:
+        if isinstance(X, dict):  # fit refuses inputs whose row count differs from y's
+            return {k: v[mask] if v.ndim and len(v) == n else v for k, v in X.items()}
+        return X[mask] if X.ndim and len(X) == n else X
+
+    return rows(~held), y[~held], rows(held), y[held]
 
 
 def _check_output(path: str, option: str, folder: bool) -> None:
@@ -584,7 +619,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     model = _load(args.model)
     _output_name(model, args.output_index)
     _refuse_unfeedable_inputs(args.model, model)
-    X, y, _ = load_table(args.data, args.target)
+    X, y, _ = load_table(args.data, args.target, [vi.name for vi in _batched_inputs(model)])
     data = _split(X, y, args.validation_fraction, args.seed)
     loss_model = add_loss_output(model, score_name=args.loss, output_index=args.output_index)
     trainer = _fit_trainer(args, loss_model)
@@ -628,9 +663,9 @@ def _fit_trainer(args: argparse.Namespace, loss_model: ModelProto) -> OrtGradien
 def _train(
     trainer: OrtGradientOptimizer,
     args: argparse.Namespace,
-    X: np.ndarray,
+    X: Features,
     y: np.ndarray,
-    X_val: np.ndarray | None,
+    X_val: Features | None,
     y_val: np.ndarray | None,
 ) -> bool:
     """Fits, or resumes with ``--resume``, printing the trainer's warnings to stderr; True when
@@ -793,25 +828,22 @@ def classification_metrics(output: np.ndarray, y: np.ndarray, loss: str) -> dict
     }
 
 
-def _eval_spec(model: ModelProto, loss: str, output_index: int) -> tuple[str, DataSpec]:
-    """The feature input eval feeds and the DataSpec fit would validate the data with: the
-    same graph (add_loss_output) gives the same types, feature count and label layout."""
+def _eval_spec(model: ModelProto, loss: str, output_index: int) -> DataSpec:
+    """The DataSpec fit would validate the data with: the same graph (add_loss_output) gives
+    the same inputs, types, shapes and label layout."""
     loss_model = add_loss_output(normalise_model(model), score_name=loss, output_index=output_index)
     label = get_metadata(loss_model, "label_name")
     inits = {i.name for i in loss_model.graph.initializer}
     inputs = {i.name: i for i in loss_model.graph.input if i.name not in inits}
     features = [name for name in inputs if name != label]
-    if len(features) != 1:
-        raise _UsageError(f"eval feeds one input, the model has {features}")
     label_spec = feature_spec(inputs[label])
-    spec = DataSpec(
-        features=(feature_spec(inputs[features[0]]),),
+    return DataSpec(
+        features=tuple(feature_spec(inputs[name]) for name in features),
         label_dtype=label_spec.dtype,
         label_tail=tuple(label_spec.dims[1:]) if label_spec.dims else (),
         has_weight=False,
         n_classes=get_metadata(loss_model, "n_classes"),
     )
-    return features[0], spec
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -837,16 +869,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     model = _load(args.model)
     output = _output_name(model, args.output_index)
     _refuse_unfeedable_inputs(args.model, model)
-    X, y, _ = load_table(args.data, args.target)
-    feature, spec = _eval_spec(model, args.loss, args.output_index)
-    # fit's own validation (NaN/inf, complex, dates, feature count, class indices), same messages
-    X_checked, y_checked, _ = check_fit_arrays(spec, X, y)
-    assert X_checked is not None
+    spec = _eval_spec(model, args.loss, args.output_index)
+    X, y, _ = load_table(args.data, args.target, [f.name for f in spec.features])
+    # fit's own validation (NaN/inf, complex, dates, shapes, types, class indices), same messages
+    *features, y_checked, _ = check_fit_arrays(spec, X, y)
     assert y_checked is not None
-    X, y = X_checked, y_checked
+    y = y_checked
+    feeds = {f.name: a for f, a in zip(spec.features, features) if a is not None}
     try:
         sess = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-        feeds = {feature: X}
         pred = np.asarray(sess.run([output], feeds)[0])
     except _UsageError:
         raise
@@ -857,7 +888,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     else:
         metrics = regression_metrics(pred, y)
     metrics = {"loss": training_objective(model, args.loss, args.output_index, feeds, y), **metrics}
-    print(f"rows: {len(X)}")
+    print(f"rows: {len(y)}")
     for key, value in metrics.items():
         print(f"{key}: {value:.6g}")
     return EXIT_OK
