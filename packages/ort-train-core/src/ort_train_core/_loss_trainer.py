@@ -14,7 +14,7 @@ from onnx import ModelProto
 from . import _batchnorm as batchnorm
 from ._binding import make_session
 from ._cache import model_digest
-from ._data import DataSpec, feature_spec
+from ._data import DataSpec, check_fit_arrays, feature_spec
 from ._exported import warn_exported_graph
 from ._fit_loop import BaseOrtTrainer
 from ._runtime import Device
@@ -150,6 +150,54 @@ class LossGraphTrainer(BaseOrtTrainer):
     def _input_overrides(self) -> tuple[str | None, str | None]:
         """Label and sample-weight input names given by the user (None: from metadata)."""
         return None, None
+
+    # ---- scikit-learn's estimator protocol ----------------------------------------------
+    def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
+        """Minus the mean loss of the current weights on ``(X, y)``: higher is better, as
+        scikit-learn's model selection (``GridSearchCV``, ``cross_val_score``) expects.
+
+        The loss is the objective the trainer minimises (the loss graph's output, with its
+        penalty if it has one), computed over all rows at once; with ``reduction='sum'`` it is
+        divided by the number of rows (or the total sample weight). Before any fit, the
+        graph's initial weights are scored.
+
+        Parameters
+        ----------
+        X : array-like, dict or tuple
+            The features, as :meth:`fit` takes them.
+        y : array-like
+            The labels.
+        sample_weight : array-like of shape (n_samples,), optional
+            Weights of the rows (the model needs a sample-weight input).
+
+        Returns
+        -------
+        float
+            ``-loss``.
+        """
+        from ._runtime import parse_device
+
+        graphs = self._fit_graphs(refresh=True)
+        data = check_fit_arrays(self._data_spec(), X, y, sample_weight)
+        inputs = graphs.inputs
+        feeds: dict[str, np.ndarray] = {n: a for n, a in zip(inputs.data, data) if a is not None}
+        state = self._current_state()
+        for name in [*inputs.parameters, *inputs.statistics]:
+            feeds[name] = state.weights[name]
+        session = self._evaluator(parse_device(self.device))
+        loss = float(np.asarray(session.run([graphs.loss_name], feeds, None)[0]))
+        if get_metadata(graphs.loss_model, "reduction") == "sum":
+            weights = data[-1] if inputs.sample_weight is not None else None
+            loss /= float(weights.sum()) if weights is not None else float(len(data[0]))  # type: ignore[arg-type]
+        return -loss
+
+    def __sklearn_tags__(self) -> Any:
+        """scikit-learn's tags (read by ``clone``, ``GridSearchCV`` and the estimator checks):
+        a supervised estimator (y required) without a scikit-learn estimator type, since the
+        loss graph decides between regression and classification."""
+        from sklearn.utils import Tags, TargetTags
+
+        return Tags(estimator_type=None, target_tags=TargetTags(required=True))
 
     # ---- the record of the graphs -------------------------------------------------------
     def _fit_graphs(self, refresh: bool = False) -> FitGraphs:
