@@ -308,3 +308,31 @@ def test_resume_fingerprints_every_input(tmp_path: Any) -> None:
         again.resume({"A": A, "B": B + 1}, y)
     again.resume((A, B), y)  # the same data as a tuple: accepted
     assert again.n_iter_ == EPOCHS
+
+
+# ---- run-time failures of onnxruntime -------------------------------------------------------
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_onnxruntime_failure_during_a_step_is_one_clean_error(route: str) -> None:
+    """Training a one-element constant broadcast by Where fails inside onnxruntime-training
+    at the first step (its gradient is not reduced to the constant's shape). The error names
+    the node or tensor without the C++ context, and the weights are those before the fit."""
+    from ort_train_core.exceptions import TrainingStepError
+
+    model, _ = two_input_model(mask=True)
+    zero = next(i for i in model.graph.initializer if i.name == "zero")
+    zero.CopyFrom(numpy_helper.from_array(np.zeros(1, dtype=np.float32), "zero"))
+    trainer = _trainer(route, model, weights_to_train=["W", "b", "zero"])
+    before = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    with pytest.raises(TrainingStepError) as info:
+        trainer.fit({"A": np.ones((N, 3)), "M": np.ones((N, 5), dtype=bool)}, np.zeros(N))
+    message = str(info.value)
+    assert message.startswith("onnxruntime failed at epoch 1, batch 1"), message
+    assert ".cc:" not in message, message
+    assert "onnxruntime::" not in message, message
+    assert "zero" in message or "Where" in message, message
+    assert "weights_to_train" in message, message
+    assert (info.value.epoch, info.value.batch) == (0, 0)
+    for name, value in trainer.get_state().items():
+        np.testing.assert_array_equal(value, before[name], err_msg=name)

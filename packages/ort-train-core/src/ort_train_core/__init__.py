@@ -18,6 +18,7 @@ from .exceptions import (
     ExportedGraphWarning,
     GraphNotDifferentiableError,
     TrainingRuntimeError,
+    TrainingStepError,
 )
 from .forward_backward import OrtGradientForwardBackward
 from .graph import (
@@ -75,6 +76,7 @@ __all__ = [
     "ProgressBar",
     "SquareLearningLoss",
     "TrainingRuntimeError",
+    "TrainingStepError",
     "__version__",
     "add_loss_output",
     "cast_checked",

@@ -20,6 +20,7 @@ from onnx import ModelProto, numpy_helper
 
 from ._data import BatchStore, DataSpec, _count_non_finite, check_fit_arrays
 from ._data import _all_finite as _array_finite
+from ._ort_errors import is_onnxruntime_error, run_failure
 from ._params import ParamsMixin
 from ._runtime import Device, parse_device
 from .callbacks import Callback, EarlyStopping, EpochPrinter, ProgressBar
@@ -35,7 +36,7 @@ from .checkpoint import (
     save_training,
     warn_unchecked,
 )
-from .exceptions import ConvergenceError, ConvergenceWarning, TrainingInterruptedWarning
+from .exceptions import ConvergenceError, ConvergenceWarning, TrainingInterruptedWarning, TrainingStepError
 from .learning_rate import BaseLearningRate, make_learning_rate
 
 
@@ -446,7 +447,11 @@ class BaseOrtTrainer(ParamsMixin):
                 store.load(order)
                 runner.set_epoch(epoch)
                 step = _notifying(runner, hooks, self, epoch) if hooks else runner.step
-                done = _run_epoch(runner, losses, step, ctrl_c.is_set)
+                try:
+                    done = _run_epoch(runner, losses, step, ctrl_c.is_set)
+                except _FailedStep as failed:
+                    cause = failed.__cause__ or failed
+                    raise self._step_failed(runner, snapshot, cause, epoch, failed.batch) from cause
                 end = self._end_of_epoch(runner, snapshot, done, store.batch_totals(weights, order), epoch)
                 if end is None:  # Ctrl-C: keep the steps taken, record no epoch
                     self._keep_steps_taken(runner, snapshot)
@@ -529,6 +534,22 @@ class BaseOrtTrainer(ParamsMixin):
                 ConvergenceWarning,
                 stacklevel=4,
             )
+
+    def _step_failed(
+        self, runner: StepRunner, snapshot: TrainingState, exc: BaseException, epoch: int, batch: int
+    ) -> TrainingStepError:
+        """onnxruntime failed in step ``batch`` of ``epoch``: restores ``snapshot`` (the end of the
+        last complete epoch) and returns the error to raise, in onnxruntime's words without C++."""
+        runner.restore(snapshot)
+        self._state = snapshot
+        return TrainingStepError(
+            f"onnxruntime failed at epoch {epoch + 1}, batch {batch + 1}: {run_failure(exc)}; the "
+            "weights were restored to the end of the last complete epoch. A kernel refused the "
+            "values or shapes of this graph: leave the weights feeding that node out of "
+            "weights_to_train, or check the data's shapes against the graph's inputs",
+            epoch=epoch,
+            batch=batch,
+        )
 
     def _rolled_back(
         self, runner: StepRunner, snapshot: TrainingState, message: str, epoch: int, batch: int
@@ -793,9 +814,14 @@ def _run_epoch(
     isfinite = math.isfinite  # a local: read at every step
     n = len(losses)
     for i in range(n):
-        if fill is not None:
-            fill(i)
-        loss = step(i)
+        try:
+            if fill is not None:
+                fill(i)
+            loss = step(i)
+        except Exception as exc:  # a callback's own errors pass through unchanged
+            if is_onnxruntime_error(exc):
+                raise _FailedStep(i) from exc
+            raise
         losses[i] = loss
         if not isfinite(loss) or stop():
             n = i + 1
@@ -803,6 +829,14 @@ def _run_epoch(
     if runner.device_resident:  # the losses stayed on the device: one read-back per epoch
         losses[:n] = runner.epoch_losses(n)
     return losses[:n]
+
+
+class _FailedStep(Exception):
+    """onnxruntime failed in step ``batch`` (its exception is the ``__cause__``)."""
+
+    def __init__(self, batch: int) -> None:
+        super().__init__(batch)
+        self.batch = batch
 
 
 def _notifying(

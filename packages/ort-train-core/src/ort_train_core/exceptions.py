@@ -49,6 +49,37 @@ class ConvergenceError(RuntimeError):
         self.batch = batch
 
 
+class TrainingStepError(RuntimeError):
+    """onnxruntime failed while running a training step (a kernel refused a shape or a value).
+
+    The message names the node or tensor onnxruntime named, in its words without the C++
+    context; the trainer restored the weights and optimizer state of the end of the last
+    complete epoch (the initial ones in the first epoch) before raising. The original
+    onnxruntime exception is the ``__cause__``.
+
+    Parameters
+    ----------
+    message : str
+        What failed and what to try.
+    epoch : int
+        The epoch of the failing step, from 0.
+    batch : int
+        The batch of that step within its epoch, from 0.
+
+    Attributes
+    ----------
+    epoch : int
+        As the parameter.
+    batch : int
+        As the parameter.
+    """
+
+    def __init__(self, message: str, epoch: int, batch: int) -> None:
+        super().__init__(message)
+        self.epoch = epoch
+        self.batch = batch
+
+
 class ConvergenceWarning(UserWarning):
     """Training stopped at ``max_iter`` before the stopping criterion (``tol``) was met.
 
