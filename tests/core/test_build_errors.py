@@ -86,3 +86,24 @@ def test_graph_builder_failure_names_node_and_operator(route: str) -> None:
     assert "Incompatible dimensions" in message
     assert "check_model" in message
     assert not CPP_CONTEXT.search(message), message
+
+
+def test_a_session_that_onnxruntime_refuses_is_one_clean_error() -> None:
+    """make_session's failures other than a missing kernel: onnxruntime's words (the node and
+    the operator it could not find) without its C++ context, and the check to run."""
+    from ort_train_core import parse_device
+    from ort_train_core._binding import make_session
+
+    graph = helper.make_graph(
+        [helper.make_node("Addd", ["X", "X"], ["Y"])],
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 3])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    expected = r"could not create a session on cpu: .*No Op registered for Addd"
+    with pytest.raises(ValueError, match=expected) as info:
+        make_session(model, parse_device("cpu"))
+    assert "[ONNXRuntimeError]" not in str(info.value)
+    assert "check_model" in str(info.value)

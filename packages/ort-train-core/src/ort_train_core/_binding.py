@@ -16,6 +16,7 @@ from onnx import ModelProto
 
 from ._cache import LRUCache
 from ._io import check_no_external_data
+from ._ort_errors import is_onnxruntime_error, run_failure
 from ._runtime import Device, ort_capi
 
 
@@ -243,14 +244,20 @@ def _new_session(
     so.enable_mem_reuse = reuse_memory
     if threads:
         so.intra_op_num_threads = threads
-    sess = ort_capi.InferenceSession(so, data, False, False)
     providers = [p if isinstance(p, str) else p[0] for p in device.providers]
     options = [{} if isinstance(p, str) else p[1] for p in device.providers]
     try:
+        sess = ort_capi.InferenceSession(so, data, False, False)
         sess.initialize_session(providers, options, set())
     except Exception as exc:
         missing = _missing_kernel(str(exc))
-        if missing is None:
+        if missing is not None:
+            raise TypeError(f"{missing} on {device}; {_MISSING_KERNEL_FIX}") from exc
+        if not is_onnxruntime_error(exc):
             raise
-        raise TypeError(f"{missing} on {device}; {_MISSING_KERNEL_FIX}") from exc
+        # onnxruntime's words without its C++ context (a shape inference or graph error)
+        raise ValueError(
+            f"onnxruntime could not create a session on {device}: {run_failure(exc)}; check the model "
+            "with onnx.checker.check_model(model, full_check=True)"
+        ) from exc
     return sess
