@@ -16,6 +16,7 @@ import numpy as np
 from onnx import ModelProto
 from sklearn.base import BaseEstimator, _fit_context
 from sklearn.exceptions import ConvergenceWarning, DataConversionWarning
+from sklearn.metrics import accuracy_score, r2_score
 from sklearn.model_selection import train_test_split
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
@@ -25,11 +26,13 @@ from sklearn.utils.validation import _check_sample_weight, check_is_fitted, vali
 import ort_train_core
 from ort_train_core import (
     BaseLearningRate,
+    Callback,
     ElasticLearningPenalty,
     OrtGradientForwardBackwardOptimizer,
     OrtGradientOptimizer,
     add_loss_output,
     cast_checked,
+    initializers_to_inputs,
     parse_device,
 )
 
@@ -76,6 +79,57 @@ def _encode(y: np.ndarray, classes: np.ndarray) -> np.ndarray:
     return index
 
 
+class _ValidationScore(Callback):
+    """scikit-learn's early stopping: after each epoch, the validation score of the epoch's
+    weights (the estimator's ``score``: accuracy or R², weighted by the validation sample
+    weights); the count of epochs whose score is below the best + ``tol`` stops the fit once
+    it exceeds ``n_iter_no_change`` (MLPs) or reaches it (SGD); ``tol=None`` never stops. The
+    best epoch's weights are kept in ``best_state``."""
+
+    def __init__(
+        self, estimator: OrtEstimatorMixin, validation: _Arrays, tol: float | None, n_iter_no_change: int
+    ) -> None:
+        self.estimator = estimator
+        self.X, self.y, self.sample_weight = validation
+        self.tol = tol
+        self.n_iter_no_change = n_iter_no_change
+        self._session: Any = None
+        self.on_train_begin(None, 0)
+
+    def on_train_begin(self, trainer: Any, n_epochs: int) -> None:
+        self.scores: list[float] = []
+        self.best = -math.inf
+        self.count = 0
+        self.best_state: dict[str, np.ndarray] | None = None
+        self.stopped = False
+
+    def _outputs(self, trainer: Any, state: dict[str, np.ndarray]) -> np.ndarray:
+        """The raw outputs (scores or logits) of ``state``'s weights on the validation rows; the
+        session (weights as inputs) is built at the first epoch of a fit and then reused."""
+        if self._session is None:
+            import onnxruntime
+
+            graph = initializers_to_inputs(trainer.get_trained_onnx(), list(state))
+            self._session = onnxruntime.InferenceSession(
+                graph.SerializeToString(), providers=parse_device(self.estimator.device).providers
+            )
+        data = self.X if isinstance(self.X, dict) else {self._session.get_inputs()[0].name: self.X}
+        return np.asarray(self._session.run(None, {**data, **state})[0])
+
+    def on_epoch_end(self, trainer: Any, epoch: int, logs: dict[str, float]) -> bool:
+        state = trainer.get_state()
+        score = self.estimator._score_outputs(self._outputs(trainer, state), self.y, self.sample_weight)
+        self.scores.append(score)
+        self.count = self.count + 1 if self.tol is None or score < self.best + self.tol else 0
+        if score > self.best:
+            self.best, self.best_state = score, state
+        if self.tol is None:
+            return False
+        limit = self.n_iter_no_change
+        self.stopped = self.count > limit if self.estimator._keeps_best_epoch else self.count >= limit
+        return self.stopped
+
+
 class OrtEstimatorMixin(BaseEstimator):
     """Subclasses provide the graph, the loss and the learning rate; this class trains."""
 
@@ -86,6 +140,11 @@ class OrtEstimatorMixin(BaseEstimator):
     #: reduction: SGD) instead of weighting the batch mean (sum_i s_i l_i / sum_i s_i, 'mean':
     #: scikit-learn's MLP; with one row per batch it would cancel the weight)
     _rows_weighted = False
+    #: early stopping as scikit-learn's MLP (stop when the count exceeds n_iter_no_change, keep
+    #: the best epoch's weights), or as its SGD (stop when it reaches it, keep the last ones)
+    _keeps_best_epoch = True
+    #: t_ before the first epoch: scikit-learn's MLPs count samples from 0, its SGD from 1
+    _t_start = 0
 
     # ---- what a subclass says -----------------------------------------------------------
     def _initial_graph(self, n_features: int, n_outputs: int, rng: np.random.RandomState) -> ModelProto:
@@ -250,10 +309,44 @@ class OrtEstimatorMixin(BaseEstimator):
         trainer.tol = None if incremental or self.tol is None else self.tol * self._report_scale
         trainer.n_iter_no_change = self.n_iter_no_change
         trainer.shuffle = self.shuffle
+        scoring = None
+        if validation is not None:
+            # scikit-learn stops on the validation score, not on a loss: the trainer records
+            # the validation loss (and checkpoints it) but this callback decides
+            scoring = _ValidationScore(self, validation, self.tol, self.n_iter_no_change)
+            trainer.tol = None
+        trainer.callbacks = [scoring] if scoring is not None else None
         epochs_before = int(getattr(trainer, "n_iter_", 0))
         self._train(trainer.resume if resume else trainer.fit, (X, y_enc, sw), validation)
-        self._store_history(trainer, epochs_before)
+        if scoring is not None:
+            self._end_early_stopping(trainer, scoring)
+        self._store_history(trainer, epochs_before, scoring)
+        if first:
+            self.t_ = self._t_start
+        n_total = X.shape[0] + (0 if validation is None else validation[0].shape[0])
+        # samples seen (MLP: training rows) or updates (SGD: every row of X, as scikit-learn)
+        self.t_ = self.t_ + self.n_iter_ * (X.shape[0] if self._keeps_best_epoch else n_total)
         return self
+
+    def _end_early_stopping(self, trainer: Any, scoring: _ValidationScore) -> None:
+        """The MLPs keep the best epoch's weights; a fit that ran max_iter epochs warns."""
+        if self._keeps_best_epoch and scoring.best_state is not None:
+            trainer.set_state(scoring.best_state)
+        if self.tol is not None and not scoring.stopped and len(scoring.scores) >= self.max_iter:
+            warnings.warn(
+                f"{type(self).__name__}: maximum iterations ({self.max_iter}) reached and the "
+                "optimization hasn't converged yet.",
+                ConvergenceWarning,
+                stacklevel=4,
+            )
+
+    def _score_outputs(self, raw: np.ndarray, y_enc: np.ndarray, sample_weight: np.ndarray | None) -> float:
+        """The estimator's ``score`` from the graph's raw outputs: accuracy of the logits'
+        classes for a classifier (y_enc: class indices), R² for a regressor."""
+        if self._is_classifier:
+            predicted = np.argmax(probabilities(raw), axis=1)
+            return float(accuracy_score(y_enc, predicted, sample_weight=sample_weight))
+        return float(r2_score(y_enc, raw.reshape(y_enc.shape), sample_weight=sample_weight))
 
     def _fit_arrays(
         self, X: Any, y: Any, sample_weight: Any, first: bool, classes: Any
@@ -320,22 +413,21 @@ class OrtEstimatorMixin(BaseEstimator):
             else:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
-    def _store_history(self, trainer: Any, epochs_before: int) -> None:
-        """The fitted attributes: weights, ``n_iter_``, ``loss_curve_``, ``best_loss_`` and the
-        validation scores, in scikit-learn's scale."""
+    def _store_history(
+        self, trainer: Any, epochs_before: int, scoring: _ValidationScore | None = None
+    ) -> None:
+        """The fitted attributes: weights, ``n_iter_``, ``loss_curve_``, ``loss_``,
+        ``best_loss_`` and the validation scores, in scikit-learn's scale."""
         self._store_weights(trainer.get_state())
         # scikit-learn's n_iter_ counts the epochs of this call; loss_curve_ goes on over warm
         # starts and partial fits
         self.n_iter_ = int(trainer.n_iter_) - epochs_before
         self.loss_curve_ = [float(v) / self._report_scale for v in trainer.train_losses_]
-        # with early stopping, scikit-learn's MLP sets best_loss_ to None and tracks validation
-        # scores; ours are the negated validation losses (what early stopping monitors), not R2
-        # or accuracy
-        self.validation_scores_ = (
-            [-float(v) / self._report_scale for v in trainer.validation_losses_]
-            if trainer.validation_losses_
-            else None
-        )
+        if self.loss_curve_:
+            self.loss_ = self.loss_curve_[-1]
+        # with early stopping, scikit-learn's MLP sets best_loss_ to None and records the
+        # validation score (accuracy or R2) of each epoch
+        self.validation_scores_ = list(scoring.scores) if scoring is not None and scoring.scores else None
         self.best_loss_: float | None
         if self.validation_scores_ is None:
             self.best_loss_ = min(self.loss_curve_) if self.loss_curve_ else math.inf

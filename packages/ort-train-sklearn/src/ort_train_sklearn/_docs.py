@@ -20,9 +20,10 @@ SHARED_ENTRIES: dict[str, Entry] = {
     "max_iter": ("int", "Epochs (passes over the data) of :meth:`fit`; :meth:`partial_fit` runs one."),
     "tol": (
         "float or None",
-        "Training stops once the loss (the validation loss with ``early_stopping``) has not\n"
-        "improved by ``tol`` for ``n_iter_no_change`` epochs in a row, in scikit-learn's loss\n"
-        "scale; None trains ``max_iter`` epochs. :meth:`partial_fit` ignores it.",
+        "Training stops once the training loss has not improved by ``tol`` for\n"
+        "``n_iter_no_change`` epochs in a row, in scikit-learn's loss scale (with\n"
+        "``early_stopping``: once the validation score has not improved by ``tol``, as\n"
+        "scikit-learn's); None trains ``max_iter`` epochs. :meth:`partial_fit` ignores it.",
     ),
     "n_iter_no_change": ("int", "Epochs without improvement that stop training (see ``tol``)."),
     "shuffle": ("bool", "Whether to shuffle the rows at each epoch."),
@@ -33,7 +34,9 @@ SHARED_ENTRIES: dict[str, Entry] = {
     "early_stopping": (
         "bool",
         "Whether :meth:`fit` sets ``validation_fraction`` of the rows aside (stratified for a\n"
-        "classifier) and stops on their loss (see ``tol``) instead of the training loss.",
+        "classifier) and stops on their score (accuracy or R², see ``tol``) instead of the\n"
+        "training loss; the MLPs and ``OnnxModel*`` then keep the weights of the best epoch,\n"
+        "the SGD estimators those of the last, as scikit-learn's.",
     ),
     "validation_fraction": ("float", "The share of the rows set aside with ``early_stopping``, in (0, 1)."),
     "warm_start": ("bool", "Whether :meth:`fit` continues from the current weights and optimizer state."),
@@ -67,16 +70,24 @@ SHARED_ENTRIES: dict[str, Entry] = {
     "best_loss_": ("float or None", "The smallest value of ``loss_curve_``; None with ``early_stopping``."),
     "validation_scores_": (
         "list of float or None",
-        "With ``early_stopping``, the negated validation loss of each epoch (what the stopping\n"
-        "rule monitors, not R2 or accuracy); None otherwise.",
+        "With ``early_stopping``, the validation score of each epoch (accuracy for a\n"
+        "classifier, R² for a regressor, weighted by the sample weights), what the stopping\n"
+        "rule monitors; None otherwise.",
     ),
     "best_validation_score_": (
         "float",
         "The largest value of ``validation_scores_`` (set with ``early_stopping`` only).",
     ),
+    "loss_": ("float", "The last value of ``loss_curve_`` (the last epoch's training objective)."),
+    "t_": (
+        "int",
+        "Training samples seen (MLPs: epochs x training rows) or weight updates (SGD:\n"
+        "``n_iter_ * n_samples + 1``), over every call since the last fit from scratch, as\n"
+        "scikit-learn counts them.",
+    ),
     "fit_attributes": (
-        "%(n_features_in_)s\n%(feature_names_in_)s\n%(n_iter_)s\n%(loss_curve_)s\n%(best_loss_)s\n"
-        "%(validation_scores_)s\n%(best_validation_score_)s"
+        "%(n_features_in_)s\n%(feature_names_in_)s\n%(n_iter_)s\n%(loss_curve_)s\n%(loss_)s\n"
+        "%(best_loss_)s\n%(validation_scores_)s\n%(best_validation_score_)s\n%(t_)s"
     ),
 }
 

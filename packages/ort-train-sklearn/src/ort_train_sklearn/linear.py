@@ -51,6 +51,9 @@ _SGD_ENTRIES: dict[str, Entry] = {
 class _OrtSGDBase(OrtEstimatorMixin):
     # scikit-learn's SGD scales each sample's step by its weight
     _rows_weighted = True
+    # its early stopping keeps the last epoch's weights; t_ counts updates from 1
+    _keeps_best_epoch = False
+    _t_start = 1
     _parameter_constraints: dict[str, list[Any]] = {
         **_COMMON_CONSTRAINTS,
         "penalty": [StrOptions({"l2", "l1", "elasticnet"}), None],
