@@ -225,7 +225,10 @@ def add_loss_output(
     score_name : str or BaseLearningLoss, default='squared_error'
         ``'squared_error'`` (``'l2'``), ``'absolute_error'`` (``'l1'``), ``'elastic'``, ``'log'``
         (the output holds probabilities), ``'cross_entropy'`` (logits: one column sigmoid,
-        several softmax; int64 labels), or a loss object.
+        several softmax; int64 labels), scikit-learn's SGD losses (``'hinge'``,
+        ``'perceptron'``, ``'squared_hinge'``, ``'modified_huber'`` on decision values, one
+        column or one per class one-vs-rest, int64 labels; ``'huber'``,
+        ``'epsilon_insensitive'``, ``'squared_epsilon_insensitive'``), or a loss object.
     loss_name, label_name : str, default='loss', 'label'
         The names of the loss output and of the label input.
     weight_name : str, optional

@@ -280,6 +280,173 @@ class CrossEntropyLearningLoss(BaseLearningLoss):
         return b.op("Neg", [picked], "ce")
 
 
+def _relu(b: NodeBuilder, x: str, hint: str) -> str:
+    return b.op("Relu", [x], hint)
+
+
+def _signed_labels(b: NodeBuilder, label: str, pred_shape: list[int | None]) -> str:
+    """Class indices as scikit-learn's SGD targets ``y`` in {-1, +1}, shaped like the
+    prediction: one column (binary: +1 for class 1), or one per class (one-vs-rest: +1 in the
+    true class's column)."""
+    n_cols = _n_columns(pred_shape)
+    if n_cols == 1:
+        y01 = _float_label_like(b, label, pred_shape)
+    elif n_cols is None:
+        raise ValueError("a one-vs-rest loss needs the number of classes (the prediction's dim 1)")
+    else:
+        y01 = _one_hot(b, label, n_cols)
+    two = b.op("Mul", [y01, b.const(2.0, "two")], "two_y")
+    return b.op("Sub", [two, b.const(1.0, "one")], "y_pm1")
+
+
+class _MarginLoss(BaseLearningLoss):
+    """A loss of the margin ``z = y f`` (``y`` in {-1, +1}), summed over the prediction's
+    columns: one logit for two classes, one per class otherwise (one-vs-rest, as scikit-learn's
+    SGDClassifier: each column is the binary classifier of its class)."""
+
+    integer_labels = True
+
+    def margin_loss(self, b: NodeBuilder, z: str) -> str:
+        raise NotImplementedError
+
+    def row_loss(self, b: NodeBuilder, pred: str, label: str, pred_shape: list[int | None]) -> str:
+        z = b.op("Mul", [_signed_labels(b, label, pred_shape), pred], "margin")
+        return _sum_columns(b, self.margin_loss(b, z), pred_shape)
+
+
+class HingeLearningLoss(_MarginLoss):
+    """Hinge loss ``l = max(0, threshold - y f)`` with ``y`` in {-1, +1} (``'hinge'``; the
+    perceptron's is ``threshold=0``, ``'perceptron'``), scikit-learn's SGDClassifier losses.
+
+    Parameters
+    ----------
+    threshold : float, default=1.0
+        The margin below which a sample costs, >= 0.
+
+    Attributes
+    ----------
+    integer_labels : bool
+        True: the label is a class index (int64, shape ``[N]``).
+    """
+
+    def __init__(self, threshold: float = 1.0) -> None:
+        self.threshold = threshold
+
+    def validate(self) -> None:
+        if not self.threshold >= 0:
+            raise ValueError(f"threshold must be >= 0, got {self.threshold}")
+
+    def margin_loss(self, b: NodeBuilder, z: str) -> str:
+        return _relu(b, b.op("Sub", [b.const(self.threshold, "threshold"), z]), "hinge")
+
+
+class SquaredHingeLearningLoss(HingeLearningLoss):
+    """Squared hinge ``l = max(0, threshold - y f)^2`` (``'squared_hinge'``).
+
+    Parameters
+    ----------
+    threshold : float, default=1.0
+        The margin below which a sample costs, >= 0.
+
+    Attributes
+    ----------
+    integer_labels : bool
+        True: the label is a class index (int64, shape ``[N]``).
+    """
+
+    def margin_loss(self, b: NodeBuilder, z: str) -> str:
+        h = super().margin_loss(b, z)
+        return b.op("Mul", [h, h], "squared_hinge")
+
+
+class ModifiedHuberLearningLoss(_MarginLoss):
+    """Modified Huber ``l = max(0, 1 - y f)^2`` for ``y f >= -1``, ``-4 y f`` below
+    (``'modified_huber'``), written ``v^2 + 4 max(0, u - 2)`` with ``u = max(0, 1 - y f)``,
+    ``v = min(u, 2)``: the same values, a gradient defined everywhere. It takes no parameter.
+
+    Attributes
+    ----------
+    integer_labels : bool
+        True: the label is a class index (int64, shape ``[N]``).
+    """
+
+    def margin_loss(self, b: NodeBuilder, z: str) -> str:
+        u = _relu(b, b.op("Sub", [b.const(1.0, "one"), z]), "hinge")
+        excess = _relu(b, b.op("Sub", [u, b.const(2.0, "two")]), "beyond")
+        v = b.op("Sub", [u, excess], "hinge_capped")
+        linear = b.op("Mul", [excess, b.const(4.0, "four")], "linear_part")
+        return b.op("Add", [b.op("Mul", [v, v]), linear], "modified_huber")
+
+
+class HuberLearningLoss(_ElementwiseLoss):
+    """Huber loss ``l = sum_k h(f - y)``, ``h(r) = r^2 / 2`` for ``|r| <= epsilon``,
+    ``epsilon |r| - epsilon^2 / 2`` beyond (``'huber'``, scikit-learn's SGDRegressor loss),
+    written ``c (|r| - c / 2)`` with ``c = min(|r|, epsilon)``.
+
+    Parameters
+    ----------
+    epsilon : float, default=0.1
+        Where the loss turns from quadratic to linear, > 0.
+
+    Attributes
+    ----------
+    integer_labels : bool
+        False: the label is a float target shaped like the prediction.
+    """
+
+    def __init__(self, epsilon: float = 0.1) -> None:
+        self.epsilon = epsilon
+
+    def validate(self) -> None:
+        if not self.epsilon > 0:
+            raise ValueError(f"epsilon must be > 0, got {self.epsilon}")
+
+    def element_loss(self, b: NodeBuilder, diff: str) -> str:
+        a = b.op("Abs", [diff], "abs")
+        c = b.op("Sub", [a, _relu(b, b.op("Sub", [a, b.const(self.epsilon, "epsilon")]), "beyond")], "capped")
+        half = b.op("Mul", [c, b.const(0.5, "half")], "half_c")
+        return b.op("Mul", [c, b.op("Sub", [a, half])], "huber")
+
+
+class EpsilonInsensitiveLearningLoss(_ElementwiseLoss):
+    """Epsilon-insensitive loss ``l = sum_k max(0, |f - y| - epsilon)`` (``'epsilon_insensitive'``),
+    squared with ``squared=True`` (``'squared_epsilon_insensitive'``), as scikit-learn's.
+
+    Parameters
+    ----------
+    epsilon : float, default=0.1
+        The error that costs nothing, >= 0.
+    squared : bool, default=False
+        Whether the excess is squared.
+
+    Attributes
+    ----------
+    integer_labels : bool
+        False: the label is a float target shaped like the prediction.
+    """
+
+    def __init__(self, epsilon: float = 0.1, squared: bool = False) -> None:
+        self.epsilon = epsilon
+        self.squared = squared
+
+    def validate(self) -> None:
+        if not self.epsilon >= 0:
+            raise ValueError(f"epsilon must be >= 0, got {self.epsilon}")
+
+    def element_loss(self, b: NodeBuilder, diff: str) -> str:
+        a = b.op("Abs", [diff], "abs")
+        excess = _relu(b, b.op("Sub", [a, b.const(self.epsilon, "epsilon")]), "excess")
+        return b.op("Mul", [excess, excess], "sq_excess") if self.squared else excess
+
+
+def _perceptron(**kwargs: Any) -> BaseLearningLoss:
+    return HingeLearningLoss(threshold=0.0, **kwargs)
+
+
+def _squared_epsilon_insensitive(**kwargs: Any) -> BaseLearningLoss:
+    return EpsilonInsensitiveLearningLoss(squared=True, **kwargs)
+
+
 LOSSES: dict[str, type[BaseLearningLoss]] = {
     "squared_error": SquareLearningLoss,
     "square_error": SquareLearningLoss,
@@ -289,6 +456,13 @@ LOSSES: dict[str, type[BaseLearningLoss]] = {
     "elastic": ElasticLearningLoss,
     "log": NegLogLearningLoss,
     "cross_entropy": CrossEntropyLearningLoss,
+    "hinge": HingeLearningLoss,
+    "perceptron": _perceptron,  # type: ignore[dict-item]
+    "squared_hinge": SquaredHingeLearningLoss,
+    "modified_huber": ModifiedHuberLearningLoss,
+    "huber": HuberLearningLoss,
+    "epsilon_insensitive": EpsilonInsensitiveLearningLoss,
+    "squared_epsilon_insensitive": _squared_epsilon_insensitive,  # type: ignore[dict-item]
 }
 
 
@@ -299,8 +473,10 @@ def make_loss(loss: str | BaseLearningLoss, **kwargs: Any) -> BaseLearningLoss:
     ----------
     loss : str or BaseLearningLoss
         A name of :data:`LOSSES` (``'squared_error'``, ``'square_error'``, ``'l2'``,
-        ``'absolute_error'``, ``'l1'``, ``'elastic'``, ``'log'``, ``'cross_entropy'``) or a
-        loss object, returned as it is.
+        ``'absolute_error'``, ``'l1'``, ``'elastic'``, ``'log'``, ``'cross_entropy'``, and
+        scikit-learn's SGD losses ``'hinge'``, ``'perceptron'``, ``'squared_hinge'``,
+        ``'modified_huber'``, ``'huber'``, ``'epsilon_insensitive'``,
+        ``'squared_epsilon_insensitive'``) or a loss object, returned as it is.
     **kwargs
         The loss's constructor arguments (``l1_weight``, ``eps``...), for a name only.
 

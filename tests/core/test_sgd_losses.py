@@ -1,0 +1,118 @@
+"""scikit-learn's SGD losses as graph losses (issue 18, item 7): hinge, perceptron,
+squared_hinge, modified_huber (classification, one-vs-rest over columns) and huber,
+epsilon_insensitive, squared_epsilon_insensitive (regression). Values and gradients equal
+scikit-learn's own loss objects (``py_loss``/``py_dloss`` of ``sklearn.linear_model._sgd_fast``)
+or, for Huber, the formula of scikit-learn's documentation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from ort_train_core import OrtGradientForwardBackwardOptimizer, OrtGradientOptimizer, add_loss_output
+
+sgd_fast = pytest.importorskip("sklearn.linear_model._sgd_fast")
+
+N, F = 40, 3
+rng = np.random.default_rng(5)
+
+
+def _sklearn_loss(name: str) -> Any:
+    return {
+        "hinge": sgd_fast.Hinge(1.0),
+        "perceptron": sgd_fast.Hinge(0.0),
+        "squared_hinge": sgd_fast.SquaredHinge(1.0),
+        "modified_huber": sgd_fast.ModifiedHuber(),
+        "epsilon_insensitive": sgd_fast.EpsilonInsensitive(0.1),
+        "squared_epsilon_insensitive": sgd_fast.SquaredEpsilonInsensitive(0.1),
+    }[name]
+
+
+def _huber(r: np.ndarray, eps: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's Huber: r^2/2 inside eps, eps |r| - eps^2/2 outside; and d/dr."""
+    a = np.abs(r)
+    return np.where(a <= eps, r * r / 2, eps * a - eps * eps / 2), np.where(a <= eps, r, eps * np.sign(r))
+
+
+def _reference(name: str, f: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-element loss and d loss / d f (classification: y in {-1, +1})."""
+    if name == "huber":
+        return _huber(f - y)
+    loss = _sklearn_loss(name)
+    values = np.array([loss.py_loss(p, t) for p, t in zip(f.ravel(), y.ravel())]).reshape(f.shape)
+    grads = np.array([loss.py_dloss(p, t) for p, t in zip(f.ravel(), y.ravel())]).reshape(f.shape)
+    return values, grads
+
+
+CLASSIFICATION = ["hinge", "perceptron", "squared_hinge", "modified_huber"]
+REGRESSION = ["huber", "epsilon_insensitive", "squared_epsilon_insensitive"]
+
+
+def _linear(n_out: int) -> onnx.ModelProto:
+    W = rng.standard_normal((F, n_out)).astype(np.float32)
+    b = rng.standard_normal(n_out).astype(np.float32) * 0.1
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "W"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["Y"])],
+        "linear",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", F])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", n_out])],
+        [numpy_helper.from_array(W, "W"), numpy_helper.from_array(b, "b")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _data(name: str, n_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """X, the label fed to fit, and the targets of the reference, shaped like the prediction
+    (classification: +-1 per column, one-vs-rest over several columns)."""
+    X = rng.standard_normal((N, F)).astype(np.float32) * 2
+    if name in CLASSIFICATION:
+        classes = rng.integers(0, max(n_out, 2), size=N)
+        target = (classes[:, None] == (np.arange(n_out) if n_out > 1 else np.array([1]))) * 2.0 - 1
+        return X, classes, target
+    y = rng.standard_normal((N, n_out)).astype(np.float32)
+    return X, y, y
+
+
+@pytest.mark.parametrize("route", ["full", "partial"])
+@pytest.mark.parametrize("n_out", [1, 3])
+@pytest.mark.parametrize("name", CLASSIFICATION + REGRESSION)
+def test_one_step_follows_scikit_learn_loss(name: str, n_out: int, route: str) -> None:
+    """The loss of a batch equals the mean over rows of the summed reference losses, and one
+    SGD step moves the weights by the reference gradient."""
+    model = _linear(n_out)
+    X, label, target = _data(name, n_out)
+    W0 = numpy_helper.to_array(model.graph.initializer[0]).astype(np.float64)
+    b0 = numpy_helper.to_array(model.graph.initializer[1]).astype(np.float64)
+    f = X @ W0 + b0
+    values, dloss = _reference(name, f, target)
+    lr = 0.01
+    params = dict(max_iter=1, batch_size=N, learning_rate=lr, shuffle=False)
+    if route == "full":
+        trainer = OrtGradientOptimizer(add_loss_output(model, score_name=name), **params)
+    else:
+        trainer = OrtGradientForwardBackwardOptimizer(model, learning_loss=name, **params)
+    trainer.fit(X, label)
+    assert trainer.train_losses_[0] == pytest.approx(values.sum(axis=1).mean(), rel=1e-5)
+    g = dloss / N
+    state = trainer.get_state()
+    np.testing.assert_allclose(state["W"], W0 - lr * X.T @ g, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(state["b"], b0 - lr * g.sum(axis=0), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "message"),
+    [
+        ("hinge", {"threshold": -1.0}, "threshold must be >= 0"),
+        ("huber", {"epsilon": 0.0}, "epsilon must be > 0"),
+        ("epsilon_insensitive", {"epsilon": -0.1}, "epsilon must be >= 0"),
+    ],
+)
+def test_bad_loss_parameters(name: str, kwargs: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        OrtGradientOptimizer(add_loss_output(_linear(1), score_name=name, **kwargs)).fit(*_data(name, 1)[:2])
