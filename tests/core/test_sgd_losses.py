@@ -38,23 +38,36 @@ def _huber(r: np.ndarray, eps: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
     return np.where(a <= eps, r * r / 2, eps * a - eps * eps / 2), np.where(a <= eps, r, eps * np.sign(r))
 
 
+def _logistic(f: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's binomial log loss (CyHalfBinomialLoss) with y in {-1, +1} as 0/1."""
+    from sklearn._loss.loss import HalfBinomialLoss
+
+    y01 = (y + 1) / 2
+    loss = HalfBinomialLoss()
+    values = loss.loss(y01.ravel(), f.ravel()).reshape(f.shape)
+    grads = loss.gradient(y01.ravel(), f.ravel()).reshape(f.shape)
+    return values, grads
+
+
 def _reference(name: str, f: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-element loss and d loss / d f (classification: y in {-1, +1})."""
     if name == "huber":
         return _huber(f - y)
+    if name == "logistic":
+        return _logistic(f, y)
     loss = _sklearn_loss(name)
     values = np.array([loss.py_loss(p, t) for p, t in zip(f.ravel(), y.ravel())]).reshape(f.shape)
     grads = np.array([loss.py_dloss(p, t) for p, t in zip(f.ravel(), y.ravel())]).reshape(f.shape)
     return values, grads
 
 
-CLASSIFICATION = ["hinge", "perceptron", "squared_hinge", "modified_huber"]
+CLASSIFICATION = ["hinge", "perceptron", "squared_hinge", "modified_huber", "logistic"]
 REGRESSION = ["huber", "epsilon_insensitive", "squared_epsilon_insensitive"]
 
 
-def _linear(n_out: int) -> onnx.ModelProto:
-    W = rng.standard_normal((F, n_out)).astype(np.float32)
-    b = rng.standard_normal(n_out).astype(np.float32) * 0.1
+def _linear(n_out: int, zeros: bool = False) -> onnx.ModelProto:
+    W = rng.standard_normal((F, n_out)).astype(np.float32) * (0 if zeros else 1)
+    b = rng.standard_normal(n_out).astype(np.float32) * (0 if zeros else 0.1)
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["X", "W"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["Y"])],
         "linear",
@@ -79,13 +92,15 @@ def _data(name: str, n_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return X, y, y
 
 
+@pytest.mark.parametrize("zeros", [False, True], ids=["random", "zero-weights"])
 @pytest.mark.parametrize("route", ["full", "partial"])
 @pytest.mark.parametrize("n_out", [1, 3])
 @pytest.mark.parametrize("name", CLASSIFICATION + REGRESSION)
-def test_one_step_follows_scikit_learn_loss(name: str, n_out: int, route: str) -> None:
+def test_one_step_follows_scikit_learn_loss(name: str, n_out: int, route: str, zeros: bool) -> None:
     """The loss of a batch equals the mean over rows of the summed reference losses, and one
-    SGD step moves the weights by the reference gradient."""
-    model = _linear(n_out)
+    SGD step moves the weights by the reference gradient; also from zero weights, where every
+    margin is 0 (scikit-learn's perceptron and hinge step there)."""
+    model = _linear(n_out, zeros)
     X, label, target = _data(name, n_out)
     W0 = numpy_helper.to_array(model.graph.initializer[0]).astype(np.float64)
     b0 = numpy_helper.to_array(model.graph.initializer[1]).astype(np.float64)

@@ -337,7 +337,13 @@ class HingeLearningLoss(_MarginLoss):
             raise ValueError(f"threshold must be >= 0, got {self.threshold}")
 
     def margin_loss(self, b: NodeBuilder, z: str) -> str:
-        return _relu(b, b.op("Sub", [b.const(self.threshold, "threshold"), z]), "hinge")
+        # h * [h >= 0] rather than Relu(h): scikit-learn steps on a margin equal to the
+        # threshold (z <= threshold), and per-sample SGD from zero weights starts there (the
+        # perceptron's z = 0); Relu's gradient at 0 would never move the weights. The mask is a
+        # comparison, a constant for the gradient.
+        h = b.op("Sub", [b.const(self.threshold, "threshold"), z], "below")
+        active = b.cast(b.op("GreaterOrEqual", [h, b.const(0.0, "zero")], "active_bool"), hint="active")
+        return b.op("Mul", [h, active], "hinge")
 
 
 class SquaredHingeLearningLoss(HingeLearningLoss):
@@ -355,7 +361,7 @@ class SquaredHingeLearningLoss(HingeLearningLoss):
     """
 
     def margin_loss(self, b: NodeBuilder, z: str) -> str:
-        h = super().margin_loss(b, z)
+        h = _relu(b, b.op("Sub", [b.const(self.threshold, "threshold"), z]), "hinge")
         return b.op("Mul", [h, h], "squared_hinge")
 
 
@@ -376,6 +382,27 @@ class ModifiedHuberLearningLoss(_MarginLoss):
         v = b.op("Sub", [u, excess], "hinge_capped")
         linear = b.op("Mul", [excess, b.const(4.0, "four")], "linear_part")
         return b.op("Add", [b.op("Mul", [v, v]), linear], "modified_huber")
+
+
+class LogisticLearningLoss(_MarginLoss):
+    """Binary log loss of each column ``l = sum_k log(1 + exp(-y_k f_k))``, ``y_k`` in
+    {-1, +1}: one logistic regression per class (one-vs-rest, scikit-learn's SGDClassifier
+    ``loss='log_loss'``); ``'logistic'``. On one column it equals ``'cross_entropy'``. Each
+    term is ``-log_softmax([0, y f])[1]``, whose gradient is smooth at ``y f = 0`` where SGD
+    from zero weights starts. It takes no parameter.
+
+    Attributes
+    ----------
+    integer_labels : bool
+        True: the label is a class index (int64, shape ``[N]``).
+    """
+
+    def margin_loss(self, b: NodeBuilder, z: str) -> str:
+        col = b.op("Unsqueeze", [z, b.int_const([-1])], "margin_pair")
+        pair = b.op("Concat", [b.op("Sub", [col, col], "zero_margin"), col], "pair", axis=-1)
+        logp = b.op("LogSoftmax", [pair], "log_pair", axis=-1)
+        picked = b.op("Gather", [logp, b.int_const([1], "second")], "log_p", axis=-1)
+        return b.op("Neg", [b.op("Squeeze", [picked, b.int_const([-1])])], "logistic")
 
 
 class HuberLearningLoss(_ElementwiseLoss):
@@ -457,6 +484,7 @@ LOSSES: dict[str, type[BaseLearningLoss]] = {
     "log": NegLogLearningLoss,
     "cross_entropy": CrossEntropyLearningLoss,
     "hinge": HingeLearningLoss,
+    "logistic": LogisticLearningLoss,
     "perceptron": _perceptron,  # type: ignore[dict-item]
     "squared_hinge": SquaredHingeLearningLoss,
     "modified_huber": ModifiedHuberLearningLoss,
