@@ -452,7 +452,11 @@ def route_ort_sklearn(case: Case) -> Route:
         what = "OrtMLPRegressor(solver='sgd', momentum=0, alpha=0, learning_rate_init=2*lr)"
     else:
         base = OrtSGDClassifier if case.binary else OrtSGDRegressor
-        est = _fixed_init_estimator(base, case, penalty=None, alpha=0.0, eta0=scale * case.lr, **params)
+        # the binary case trains the log loss (OrtSGDClassifier's default is scikit-learn's hinge)
+        loss = {"loss": "log_loss"} if case.binary else {}
+        est = _fixed_init_estimator(
+            base, case, penalty=None, alpha=0.0, eta0=scale * case.lr, **loss, **params
+        )
         what = f"{base.__name__}(penalty=None, alpha=0, eta0={'2*' if scale == 2 else ''}lr)"
 
     def run() -> float:

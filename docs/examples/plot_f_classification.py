@@ -37,7 +37,7 @@ X_test = scaler.transform(X_test).astype(np.float32)
 # The parameters are scikit-learn's; ``batch_size`` (1 by default, as scikit-learn's SGD) and
 # ``training`` (``'full'`` or ``'partial'``) are ours.
 
-ours = OrtSGDClassifier(alpha=1e-3, max_iter=20, tol=None, random_state=0)
+ours = OrtSGDClassifier(loss="log_loss", alpha=1e-3, max_iter=20, tol=None, random_state=0)
 ours.fit(X_train, y_train)
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

@@ -46,6 +46,16 @@ from ort_train_sklearn import (
 SEED = 0
 TRAININGS = ["full", "partial"]
 ESTIMATORS = [OrtSGDRegressor, OrtSGDClassifier, OrtMLPRegressor, OrtMLPClassifier]
+#: the tests of probabilities, deployed graphs and classes take OrtSGDClassifier's log loss:
+#: its default, scikit-learn's hinge, has no predict_proba (test_sgd_losses_sklearn.py tests it)
+_DEFAULTS: dict[type, dict[str, Any]] = {OrtSGDClassifier: {"loss": "log_loss"}}
+
+
+def _make(estimator_class: type, **params: Any) -> Any:
+    """``estimator_class(**params)`` with the test defaults of :data:`_DEFAULTS`."""
+    return estimator_class(**{**_DEFAULTS.get(estimator_class, {}), **params})
+
+
 # small and fast; Adam at 0.01 reaches the scores check_regressors_train / check_classifiers_train
 # ask for in 50 epochs (scikit-learn's MLPs with the same settings too, and neither does in 20)
 MLP_SMALL: dict[str, Any] = dict(hidden_layer_sizes=(5,), max_iter=50, learning_rate_init=0.01)
@@ -150,8 +160,8 @@ def test_mlp_sample_weight_equivalence_in_float32(estimator_class: type, trainin
     X = rng.rand(15, 10)
     y = rng.randint(0, 3, 15) if estimator_class is OrtMLPClassifier else rng.rand(15)
     sw = rng.randint(0, 4, 15)
-    est = estimator_class(
-        hidden_layer_sizes=(5,), max_iter=20, tol=None, random_state=SEED, training=training
+    est = _make(
+        estimator_class, hidden_layer_sizes=(5,), max_iter=20, tol=None, random_state=SEED, training=training
     )
     weighted = clone(est).fit(X, y, sample_weight=sw)
     repeated = clone(est).fit(np.repeat(X, sw, axis=0), np.repeat(y, sw))
@@ -226,7 +236,7 @@ def test_sgd_classifier_steps_like_sklearn(training: str) -> None:
     params: dict[str, Any] = dict(
         learning_rate="constant", eta0=0.05, max_iter=3, tol=None, shuffle=False, penalty="l2", alpha=0.01
     )
-    ours = OrtSGDClassifier(training=training, **params).fit(X, labels, sample_weight=sw)
+    ours = OrtSGDClassifier(loss="log_loss", training=training, **params).fit(X, labels, sample_weight=sw)
     reference = SGDClassifier(loss="log_loss", **params).fit(X, labels, sample_weight=sw)
     np.testing.assert_allclose(ours.coef_, reference.coef_, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(ours.intercept_, reference.intercept_, rtol=1e-5, atol=1e-6)
@@ -443,8 +453,8 @@ def _fit(
 ) -> tuple[Any, np.ndarray]:
     """A fitted estimator (5 epochs, no early stop) and its training X."""
     X, y = _data(estimator_class, labels)
-    est = estimator_class(
-        **{"max_iter": 5, "tol": None, "random_state": SEED, "training": training, **params}
+    est = _make(
+        estimator_class, **{"max_iter": 5, "tol": None, "random_state": SEED, "training": training, **params}
     )
     return est.fit(X, y), X
 
@@ -502,7 +512,7 @@ def test_to_onnx_multioutput_regressor(training: str) -> None:
 
 @pytest.mark.parametrize("estimator_class", ESTIMATORS)
 def test_not_fitted(estimator_class: type) -> None:
-    est = estimator_class()
+    est = _make(estimator_class)
     for method in ("to_onnx", "predict"):
         with pytest.raises(NotFittedError):
             getattr(est, method)(*([] if method == "to_onnx" else [np.zeros((2, 3))]))
@@ -556,12 +566,12 @@ def test_partial_fit_is_one_epoch(estimator_class: type, training: str) -> None:
     params: dict[str, Any] = dict(shuffle=False, tol=None, random_state=SEED, training=training)
     if estimator_class in (OrtSGDRegressor, OrtSGDClassifier):
         params["learning_rate"] = "invscaling"
-    incremental = estimator_class(**params)
+    incremental = _make(estimator_class, **params)
     for _ in range(3):
         extra = {"classes": [0, 1, 2]} if classifier else {}
         incremental.partial_fit(X, y, **extra)
         assert incremental.n_iter_ == 1
-    full = estimator_class(max_iter=3, **params).fit(X, y)
+    full = _make(estimator_class, max_iter=3, **params).fit(X, y)
     for got, expected in zip(_weights(incremental), _weights(full)):
         np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(incremental.loss_curve_, full.loss_curve_, rtol=1e-6)
@@ -572,15 +582,15 @@ def test_partial_fit_classes(estimator_class: type) -> None:
     X = np.random.RandomState(SEED).randn(12, 3)
     y = np.array([0, 1] * 6)
     with pytest.raises(ValueError, match="classes must be passed on the first call"):
-        estimator_class().partial_fit(X, y)
-    est = estimator_class().partial_fit(X, y, classes=[0, 1, 2])  # class 2 not seen yet
+        _make(estimator_class).partial_fit(X, y)
+    est = _make(estimator_class).partial_fit(X, y, classes=[0, 1, 2])  # class 2 not seen yet
     np.testing.assert_array_equal(est.classes_, [0, 1, 2])
     assert est.predict_proba(X).shape == (12, 3)
     est.partial_fit(X, np.full(12, 2))  # classes may be left out afterwards
     with pytest.raises(ValueError, match="not seen in the first fit"):
         est.partial_fit(X, np.full(12, 5))
     with pytest.raises(ValueError, match="not in classes"):
-        estimator_class().partial_fit(X, y, classes=[0, 2])
+        _make(estimator_class).partial_fit(X, y, classes=[0, 2])
 
 
 @pytest.mark.parametrize("training", TRAININGS)
@@ -592,9 +602,9 @@ def test_warm_start_continues(estimator_class: type, training: str) -> None:
     est, X = _fit(estimator_class, training)
     y = est.predict(X)
     params: dict[str, Any] = dict(shuffle=False, tol=None, random_state=SEED, training=training)
-    warm = estimator_class(max_iter=2, warm_start=True, **params).fit(X, y)
+    warm = _make(estimator_class, max_iter=2, warm_start=True, **params).fit(X, y)
     warm.set_params(max_iter=3).fit(X, y)
-    cold = estimator_class(max_iter=5, **params).fit(X, y)
+    cold = _make(estimator_class, max_iter=5, **params).fit(X, y)
     assert warm.n_iter_ == 3
     assert cold.n_iter_ == 5
     np.testing.assert_allclose(warm.loss_curve_, cold.loss_curve_, rtol=1e-6)
@@ -605,7 +615,7 @@ def test_warm_start_continues(estimator_class: type, training: str) -> None:
         atol=1e-6,
     )
     # without warm_start, fit starts again
-    again = estimator_class(max_iter=2, **params).fit(X, y)
+    again = _make(estimator_class, max_iter=2, **params).fit(X, y)
     again.set_params(max_iter=3).fit(X, y)
     assert len(again.loss_curve_) == 3
 

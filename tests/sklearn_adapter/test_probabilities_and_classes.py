@@ -42,7 +42,9 @@ def _data(n_classes: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _make(kind: str, X: np.ndarray, y: np.ndarray) -> Any:
     if kind == "sgd":
-        return OrtSGDClassifier(max_iter=5, tol=None, random_state=SEED)
+        return OrtSGDClassifier(
+            loss="log_loss", multi_class="multinomial", max_iter=5, tol=None, random_state=SEED
+        )
     if kind == "mlp":
         return OrtMLPClassifier(hidden_layer_sizes=(5,), max_iter=5, random_state=SEED)
     with warnings.catch_warnings():
@@ -147,7 +149,7 @@ Y_PF = np.array([0, 1, 2] * 4)
 
 def _ours(kind: str) -> Any:
     if kind == "sgd":
-        return OrtSGDClassifier(random_state=SEED)
+        return OrtSGDClassifier(loss="log_loss", multi_class="multinomial", random_state=SEED)
     if kind == "mlp":
         return OrtMLPClassifier(hidden_layer_sizes=(3,), random_state=SEED)
     model = LogisticRegression(max_iter=200).fit(X_PF, Y_PF)

@@ -37,7 +37,7 @@ ROBUST = robust_settings(EXAMPLES)
 
 ESTIMATORS: dict[str, Any] = {
     "sgd-regressor": lambda: OrtSGDRegressor(max_iter=2, tol=None, random_state=0),
-    "sgd-classifier": lambda: OrtSGDClassifier(max_iter=2, tol=None, random_state=0),
+    "sgd-classifier": lambda: OrtSGDClassifier(loss="log_loss", max_iter=2, tol=None, random_state=0),
     "mlp-regressor": lambda: OrtMLPRegressor(hidden_layer_sizes=(4,), max_iter=2, tol=None, random_state=0),
     "mlp-classifier": lambda: OrtMLPClassifier(hidden_layer_sizes=(4,), max_iter=2, tol=None, random_state=0),
 }

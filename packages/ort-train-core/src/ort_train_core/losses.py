@@ -7,6 +7,7 @@ reduction with sample weights is shared (:func:`reduce_rows`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -302,16 +303,37 @@ def _signed_labels(b: NodeBuilder, label: str, pred_shape: list[int | None]) -> 
 class _MarginLoss(BaseLearningLoss):
     """A loss of the margin ``z = y f`` (``y`` in {-1, +1}), summed over the prediction's
     columns: one logit for two classes, one per class otherwise (one-vs-rest, as scikit-learn's
-    SGDClassifier: each column is the binary classifier of its class)."""
+    SGDClassifier: each column is the binary classifier of its class).
+
+    ``class_weight`` (one value per column, one-vs-rest only) weighs each column's loss on the
+    rows of its own class, the other rows by 1: scikit-learn's one-vs-rest class weights (the
+    positive samples of each binary problem)."""
 
     integer_labels = True
+    class_weight: Sequence[float] | None = None
 
     def margin_loss(self, b: NodeBuilder, z: str) -> str:
         raise NotImplementedError
 
+    def validate(self) -> None:
+        if self.class_weight is not None and not all(w >= 0 for w in self.class_weight):
+            raise ValueError(f"class_weight must hold values >= 0, got {list(self.class_weight)}")
+
     def row_loss(self, b: NodeBuilder, pred: str, label: str, pred_shape: list[int | None]) -> str:
         z = b.op("Mul", [_signed_labels(b, label, pred_shape), pred], "margin")
-        return _sum_columns(b, self.margin_loss(b, z), pred_shape)
+        loss = self.margin_loss(b, z)
+        n_cols = _n_columns(pred_shape)
+        if self.class_weight is not None:
+            if n_cols != len(self.class_weight) or n_cols == 1:
+                raise ValueError(
+                    f"class_weight has {len(self.class_weight)} values: one-vs-rest needs one per "
+                    f"column of the prediction (shape {pred_shape}), and two columns or more"
+                )
+            extra = b.const([w - 1.0 for w in self.class_weight], "class_weight_m1")
+            hot = _one_hot(b, label, n_cols)
+            factor = b.op("Add", [b.const(1.0, "one"), b.op("Mul", [hot, extra])], "column_weight")
+            loss = b.op("Mul", [loss, factor], "weighted_margin_loss")
+        return _sum_columns(b, loss, pred_shape)
 
 
 class HingeLearningLoss(_MarginLoss):
@@ -322,6 +344,8 @@ class HingeLearningLoss(_MarginLoss):
     ----------
     threshold : float, default=1.0
         The margin below which a sample costs, >= 0.
+    class_weight : sequence of float, optional
+        One-vs-rest class weights, one per column (see the module's margin losses).
 
     Attributes
     ----------
@@ -329,10 +353,12 @@ class HingeLearningLoss(_MarginLoss):
         True: the label is a class index (int64, shape ``[N]``).
     """
 
-    def __init__(self, threshold: float = 1.0) -> None:
+    def __init__(self, threshold: float = 1.0, class_weight: Sequence[float] | None = None) -> None:
         self.threshold = threshold
+        self.class_weight = class_weight
 
     def validate(self) -> None:
+        super().validate()
         if not self.threshold >= 0:
             raise ValueError(f"threshold must be >= 0, got {self.threshold}")
 
@@ -353,6 +379,8 @@ class SquaredHingeLearningLoss(HingeLearningLoss):
     ----------
     threshold : float, default=1.0
         The margin below which a sample costs, >= 0.
+    class_weight : sequence of float, optional
+        One-vs-rest class weights, one per column.
 
     Attributes
     ----------
@@ -368,13 +396,21 @@ class SquaredHingeLearningLoss(HingeLearningLoss):
 class ModifiedHuberLearningLoss(_MarginLoss):
     """Modified Huber ``l = max(0, 1 - y f)^2`` for ``y f >= -1``, ``-4 y f`` below
     (``'modified_huber'``), written ``v^2 + 4 max(0, u - 2)`` with ``u = max(0, 1 - y f)``,
-    ``v = min(u, 2)``: the same values, a gradient defined everywhere. It takes no parameter.
+    ``v = min(u, 2)``: the same values, a gradient defined everywhere.
+
+    Parameters
+    ----------
+    class_weight : sequence of float, optional
+        One-vs-rest class weights, one per column.
 
     Attributes
     ----------
     integer_labels : bool
         True: the label is a class index (int64, shape ``[N]``).
     """
+
+    def __init__(self, class_weight: Sequence[float] | None = None) -> None:
+        self.class_weight = class_weight
 
     def margin_loss(self, b: NodeBuilder, z: str) -> str:
         u = _relu(b, b.op("Sub", [b.const(1.0, "one"), z]), "hinge")
@@ -389,13 +425,21 @@ class LogisticLearningLoss(_MarginLoss):
     {-1, +1}: one logistic regression per class (one-vs-rest, scikit-learn's SGDClassifier
     ``loss='log_loss'``); ``'logistic'``. On one column it equals ``'cross_entropy'``. Each
     term is ``-log_softmax([0, y f])[1]``, whose gradient is smooth at ``y f = 0`` where SGD
-    from zero weights starts. It takes no parameter.
+    from zero weights starts.
+
+    Parameters
+    ----------
+    class_weight : sequence of float, optional
+        One-vs-rest class weights, one per column.
 
     Attributes
     ----------
     integer_labels : bool
         True: the label is a class index (int64, shape ``[N]``).
     """
+
+    def __init__(self, class_weight: Sequence[float] | None = None) -> None:
+        self.class_weight = class_weight
 
     def margin_loss(self, b: NodeBuilder, z: str) -> str:
         col = b.op("Unsqueeze", [z, b.int_const([-1])], "margin_pair")

@@ -501,7 +501,11 @@ class OrtEstimatorMixin(BaseEstimator):
         raw = self._trained_graph()
         if not self._is_classifier:
             return raw
-        return classifier_head(raw, raw.graph.output[0].name, self.classes_)
+        return classifier_head(raw, raw.graph.output[0].name, self.classes_, self._head_kind())
+
+    def _head_kind(self) -> str:
+        """How the decision values become the deployed graph's probabilities (HEAD_KINDS)."""
+        return "softmax"
 
     def _run(self, kind: str, X: Any) -> list[np.ndarray]:
         """The graph's outputs on X; float outputs in X's float type (computed in float32),

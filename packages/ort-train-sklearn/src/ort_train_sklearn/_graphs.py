@@ -5,6 +5,7 @@ numpy (the probabilities predict_proba returns and the conversion checks)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -84,39 +85,99 @@ def dense_graph(
     return model
 
 
-def classifier_head(model: ModelProto, output: str, classes: np.ndarray) -> ModelProto:
-    """Appends probabilities (sigmoid of one logit column, softmax of several) and the label
-    (classes[argmax]) to a logits graph; outputs 'label' then 'probabilities', as skl2onnx does.
+#: how a classifier's decision values become its second output: 'softmax' (multinomial
+#: logits; one column is the logit of classes[1]), 'ovr_logistic' (one-vs-rest logits:
+#: sigmoids normalised per row), 'modified_huber' ((clip(d, -1, 1) + 1) / 2 normalised) or
+#: 'decision' (the decision values themselves, output 'scores': no probability model)
+HEAD_KINDS = ("softmax", "ovr_logistic", "modified_huber", "decision")
+
+
+def _binary_pair(nodes: list[Any], g: Any, p1: str, out: str, negate: bool = False) -> None:
+    """[1 - p1, p1] (or [-d, d] with ``negate``) as ``out``."""
+    if negate:
+        nodes.append(helper.make_node("Neg", [p1], ["head_p0"]))
+    else:
+        nodes.append(helper.make_node("Sub", ["head_one", p1], ["head_p0"]))
+        g.initializer.append(numpy_helper.from_array(np.array(1.0, dtype=np.float32), "head_one"))
+    nodes.append(helper.make_node("Concat", ["head_p0", p1], [out], axis=1))
+
+
+def _head_nodes(g: Any, output: str, n_cols: int, kind: str) -> tuple[list[Any], str]:
+    nodes: list[Any] = []
+    name = "scores" if kind == "decision" else "probabilities"
+    if kind == "decision":
+        if n_cols == 1:
+            _binary_pair(nodes, g, output, name, negate=True)
+        else:
+            nodes.append(helper.make_node("Identity", [output], [name]))
+        return nodes, name
+    if kind == "softmax" and n_cols > 1:
+        nodes.append(helper.make_node("Softmax", [output], [name], axis=1))
+        return nodes, name
+    if kind == "modified_huber":
+        g.initializer.extend(
+            [
+                numpy_helper.from_array(np.array(v, dtype=np.float32), n)
+                for v, n in ((-1, "head_m1"), (0.5, "head_half"))
+            ]
+        )
+        nodes += [
+            helper.make_node("Clip", [output, "head_m1", "head_one_c"], ["head_clip"]),
+            helper.make_node("Add", ["head_clip", "head_one_c"], ["head_shift"]),
+            helper.make_node("Mul", ["head_shift", "head_half"], ["head_p"]),
+        ]
+        g.initializer.append(numpy_helper.from_array(np.array(1.0, dtype=np.float32), "head_one_c"))
+    else:  # a sigmoid per column
+        nodes.append(helper.make_node("Sigmoid", [output], ["head_p"]))
+    if n_cols == 1:
+        _binary_pair(nodes, g, "head_p", name)
+        return nodes, name
+    # normalised per row; a row of zeros (modified Huber) becomes uniform, as scikit-learn's
+    g.initializer.extend(
+        [
+            numpy_helper.from_array(np.array([1], dtype=np.int64), "head_axis"),
+            numpy_helper.from_array(np.array(0.0, dtype=np.float32), "head_zero"),
+            numpy_helper.from_array(np.array(1.0 / n_cols, dtype=np.float32), "head_uniform"),
+        ]
+    )
+    nodes += [
+        helper.make_node("ReduceSum", ["head_p", "head_axis"], ["head_sum"], keepdims=1),
+        helper.make_node("Equal", ["head_sum", "head_zero"], ["head_none"]),
+        helper.make_node("Div", ["head_p", "head_sum"], ["head_norm"]),
+        helper.make_node("Where", ["head_none", "head_uniform", "head_norm"], [name]),
+    ]
+    return nodes, name
+
+
+def classifier_head(model: ModelProto, output: str, classes: np.ndarray, kind: str = "softmax") -> ModelProto:
+    """Appends probabilities (or scores) and the label (classes[argmax]) to a graph of decision
+    values; outputs 'label' then 'probabilities' ('scores' for ``kind='decision'``), as
+    skl2onnx does.
 
     Parameters
     ----------
     model : onnx.ModelProto
         The logits graph; it is not modified.
     output : str
-        Its logits output.
+        Its logits (decision values) output.
     classes : ndarray of shape (n_classes,)
         The labels, in the order of the probability columns.
+    kind : {'softmax', 'ovr_logistic', 'modified_huber', 'decision'}, default='softmax'
+        How decision values become probabilities (:data:`HEAD_KINDS`).
 
     Returns
     -------
     onnx.ModelProto
         The deployable classifier.
     """
+    if kind not in HEAD_KINDS:
+        raise ValueError(f"kind must be one of {HEAD_KINDS}, got {kind!r}")
     out = ModelProto()
     out.CopyFrom(model)
     g = out.graph
     n_cols = 1 if len(classes) == 2 else len(classes)
-    nodes = []
-    if n_cols == 1:
-        nodes += [
-            helper.make_node("Sigmoid", [output], ["head_p1"]),
-            helper.make_node("Sub", ["head_one", "head_p1"], ["head_p0"]),
-            helper.make_node("Concat", ["head_p0", "head_p1"], ["probabilities"], axis=1),
-        ]
-        g.initializer.append(numpy_helper.from_array(np.array(1.0, dtype=np.float32), "head_one"))
-    else:
-        nodes.append(helper.make_node("Softmax", [output], ["probabilities"], axis=1))
-    nodes.append(helper.make_node("ArgMax", ["probabilities"], ["head_index"], axis=1, keepdims=0))
+    nodes, second = _head_nodes(g, output, n_cols, kind)
+    nodes.append(helper.make_node("ArgMax", [second], ["head_index"], axis=1, keepdims=0))
     if classes.dtype.kind in "iu":
         cls = numpy_helper.from_array(classes.astype(np.int64), "head_classes")
         label_type = TensorProto.INT64
@@ -136,7 +197,7 @@ def classifier_head(model: ModelProto, output: str, classes: np.ndarray) -> Mode
     g.output.extend(
         [
             helper.make_tensor_value_info("label", label_type, [None]),
-            helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [None, len(classes)]),
+            helper.make_tensor_value_info(second, TensorProto.FLOAT, [None, len(classes)]),
         ]
     )
     onnx.checker.check_model(out)
@@ -173,3 +234,30 @@ def probabilities(logits: np.ndarray, log: bool = False) -> np.ndarray:
     e = np.exp(shifted)
     proba: np.ndarray = e / e.sum(axis=1, keepdims=True)
     return proba
+
+
+def ovr_probabilities(decision: np.ndarray, kind: str) -> np.ndarray:
+    """scikit-learn's SGDClassifier probabilities from one-vs-rest decision values, in float64:
+    the sigmoid of each column (``'ovr_logistic'``, log_loss) or ``(clip(d, -1, 1) + 1) / 2``
+    (``'modified_huber'``), normalised per row (a row of zeros becomes uniform); a binary
+    model's one column ``p`` is the pair ``[1 - p, p]``.
+
+    Parameters
+    ----------
+    decision : ndarray of shape (n_samples, 1) or (n_samples, n_classes)
+        The decision values.
+    kind : {'ovr_logistic', 'modified_huber'}
+        The probability model.
+
+    Returns
+    -------
+    ndarray of shape (n_samples, n_classes)
+        Probabilities.
+    """
+    d = np.asarray(decision, dtype=np.float64)
+    p = (np.clip(d, -1, 1) + 1) / 2 if kind == "modified_huber" else 0.5 * (1 + np.tanh(d / 2))
+    if p.shape[1] == 1:
+        return np.column_stack([1 - p[:, 0], p[:, 0]])
+    total = p.sum(axis=1, keepdims=True)
+    out: np.ndarray = np.where(total == 0, 1.0 / p.shape[1], p / np.where(total == 0, 1, total))
+    return out

@@ -9,14 +9,34 @@ from typing import Any
 import numpy as np
 from onnx import ModelProto
 from sklearn.base import ClassifierMixin, RegressorMixin
+from sklearn.utils._available_if import available_if
 from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.class_weight import compute_class_weight
 
-from ort_train_core import BaseLearningRate, LearningRateSGD
+from ort_train_core import (
+    BaseLearningRate,
+    EpsilonInsensitiveLearningLoss,
+    HuberLearningLoss,
+    LearningRateSGD,
+)
 from ort_train_core.graph import initializer_values
+from ort_train_core.losses import make_loss
 
 from ._base import _COMMON_CONSTRAINTS, OrtClassifierMixin, OrtEstimatorMixin, OrtRegressorMixin
 from ._docs import Entry, fill_doc
-from ._graphs import dense_graph, layer_names
+from ._graphs import dense_graph, layer_names, ovr_probabilities
+
+#: scikit-learn's SGDRegressor losses
+_REGRESSION_LOSSES = (
+    "squared_error",
+    "absolute_error",
+    "huber",
+    "epsilon_insensitive",
+    "squared_epsilon_insensitive",
+)
+
+#: scikit-learn's SGDClassifier losses (its regression losses on a classifier are not offered)
+_CLASSIFICATION_LOSSES = ("hinge", "log_loss", "modified_huber", "squared_hinge", "perceptron")
 
 #: the parameters both SGD estimators document alike
 _SGD_ENTRIES: dict[str, Entry] = {
@@ -112,14 +132,19 @@ class _OrtSGDBase(OrtEstimatorMixin):
 
 @fill_doc(_SGD_ENTRIES)
 class OrtSGDRegressor(OrtRegressorMixin, RegressorMixin, _OrtSGDBase):
-    """Linear regression by minibatch SGD in onnxruntime (squared or absolute error).
+    """Linear regression by minibatch SGD in onnxruntime.
 
     Takes the parameters of scikit-learn's ``SGDRegressor`` and sets its fitted attributes.
 
     Parameters
     ----------
-    loss : {'squared_error', 'absolute_error'}, default='squared_error'
-        The loss of each sample: ``(y - p)^2 / 2`` or ``|y - p|``.
+    loss : {'squared_error', 'absolute_error', 'huber', 'epsilon_insensitive', \
+'squared_epsilon_insensitive'}, default='squared_error'
+        The loss of each sample, with ``r = y - p``: ``r^2 / 2``, ``|r|``, Huber's (``r^2 / 2``
+        within ``epsilon``, linear beyond), ``max(0, |r| - epsilon)`` or its square, as
+        scikit-learn's.
+    epsilon : float, default=0.1
+        The ``epsilon`` of the Huber and epsilon-insensitive losses.
     %(sgd_parameters)s
 
     Attributes
@@ -135,7 +160,18 @@ class OrtSGDRegressor(OrtRegressorMixin, RegressorMixin, _OrtSGDBase):
 
     _parameter_constraints = {
         **_OrtSGDBase._parameter_constraints,
-        "loss": [StrOptions({"squared_error", "absolute_error"})],
+        "loss": [
+            StrOptions(
+                {
+                    "squared_error",
+                    "absolute_error",
+                    "huber",
+                    "epsilon_insensitive",
+                    "squared_epsilon_insensitive",
+                }
+            )
+        ],
+        "epsilon": [Interval(Real, 0, None, closed="left")],
     }
 
     def __init__(
@@ -150,6 +186,7 @@ class OrtSGDRegressor(OrtRegressorMixin, RegressorMixin, _OrtSGDBase):
         tol: float | None = 1e-3,
         shuffle: bool = True,
         verbose: int = 0,
+        epsilon: float = 0.1,
         random_state: Any = None,
         learning_rate: str = "invscaling",
         eta0: float = 0.01,
@@ -173,6 +210,7 @@ class OrtSGDRegressor(OrtRegressorMixin, RegressorMixin, _OrtSGDBase):
         self.tol = tol
         self.shuffle = shuffle
         self.verbose = verbose
+        self.epsilon = epsilon
         self.random_state = random_state
         self.learning_rate = learning_rate
         self.eta0 = eta0
@@ -187,11 +225,17 @@ class OrtSGDRegressor(OrtRegressorMixin, RegressorMixin, _OrtSGDBase):
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
 
-    def _loss(self, n_outputs: int) -> tuple[str, str, float]:
+    def _loss(self, n_outputs: int) -> tuple[Any, Any, float]:
         # scikit-learn's squared_error is (y - p)^2 / 2, ours (y - p)^2
         if self.loss == "squared_error":
             return "squared_error", "square_error", 2.0
-        return "absolute_error", "absolute_error", 1.0
+        if self.loss == "absolute_error":
+            return "absolute_error", "absolute_error", 1.0
+        if self.loss == "huber":
+            return HuberLearningLoss(self.epsilon), HuberLearningLoss(self.epsilon), 1.0
+        squared = self.loss == "squared_epsilon_insensitive"
+        loss = EpsilonInsensitiveLearningLoss(self.epsilon, squared=squared)
+        return loss, loss, 1.0
 
     def _store_linear(self, coef: np.ndarray, intercept: np.ndarray) -> None:
         self.coef_ = coef.ravel().astype(np.float64)
@@ -200,15 +244,24 @@ class OrtSGDRegressor(OrtRegressorMixin, RegressorMixin, _OrtSGDBase):
 
 @fill_doc(_SGD_ENTRIES)
 class OrtSGDClassifier(OrtClassifierMixin, ClassifierMixin, _OrtSGDBase):
-    """Linear classification by minibatch SGD on the log loss in onnxruntime: one logit and a
-    sigmoid for two classes, one logit per class and a softmax for more (not one-vs-rest).
+    """Linear classification by SGD in onnxruntime, with scikit-learn's ``SGDClassifier`` losses:
+    one decision value for two classes; for more, one per class, each the binary classifier of
+    its class (one-vs-rest, scikit-learn's scheme), or a softmax over them
+    (``multi_class='multinomial'``, log loss only).
 
     Takes the parameters of scikit-learn's ``SGDClassifier`` and sets its fitted attributes.
 
     Parameters
     ----------
-    loss : {'log_loss'}, default='log_loss'
-        The log loss (cross-entropy) of the probabilities.
+    loss : {'hinge', 'log_loss', 'modified_huber', 'squared_hinge', 'perceptron'}, default='hinge'
+        The loss of each sample's margin ``z = y f`` (``y`` in {-1, +1}): ``max(0, 1 - z)``,
+        ``log(1 + exp(-z))``, the modified Huber loss, ``max(0, 1 - z)^2``, ``max(0, -z)``.
+        ``predict_proba`` exists for 'log_loss' and 'modified_huber' only, as scikit-learn's.
+    multi_class : {'ovr', 'multinomial'}, default='ovr'
+        For more than two classes: one-vs-rest (scikit-learn's), or the multinomial log loss
+        (softmax cross-entropy, ``loss='log_loss'`` only).
+    class_weight : dict, 'balanced' or None, default=None
+        Weights of the classes, multiplying each sample's weight, as scikit-learn's.
     %(sgd_parameters)s
 
     Attributes
@@ -222,11 +275,16 @@ class OrtSGDClassifier(OrtClassifierMixin, ClassifierMixin, _OrtSGDBase):
     %(fit_attributes)s
     """
 
-    _parameter_constraints = {**_OrtSGDBase._parameter_constraints, "loss": [StrOptions({"log_loss"})]}
+    _parameter_constraints = {
+        **_OrtSGDBase._parameter_constraints,
+        "loss": [StrOptions(set(_CLASSIFICATION_LOSSES))],
+        "multi_class": [StrOptions({"ovr", "multinomial"})],
+        "class_weight": [dict, StrOptions({"balanced"}), None],
+    }
 
     def __init__(
         self,
-        loss: str = "log_loss",
+        loss: str = "hinge",
         *,
         penalty: str | None = "l2",
         alpha: float = 0.0001,
@@ -249,6 +307,8 @@ class OrtSGDClassifier(OrtClassifierMixin, ClassifierMixin, _OrtSGDBase):
         training: str = "full",
         checkpoint_dir: str | None = None,
         checkpoint_every: int = 1,
+        multi_class: str = "ovr",
+        class_weight: Any = None,
     ) -> None:
         self.loss = loss
         self.penalty = penalty
@@ -272,9 +332,120 @@ class OrtSGDClassifier(OrtClassifierMixin, ClassifierMixin, _OrtSGDBase):
         self.training = training
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
+        self.multi_class = multi_class
+        self.class_weight = class_weight
 
-    def _loss(self, n_outputs: int) -> tuple[str, str, float]:
-        return "cross_entropy", "cross_entropy", 1.0
+    def _loss(self, n_outputs: int) -> tuple[Any, Any, float]:
+        # scikit-learn's dloss of each of these is the gradient of ours: scale 1
+        if self.loss == "log_loss" and (n_outputs == 1 or self.multi_class == "multinomial"):
+            return "cross_entropy", "cross_entropy", 1.0
+        name = "logistic" if self.loss == "log_loss" else self.loss
+        if n_outputs == 1 or getattr(self, "_column_weights", None) is None:
+            return name, name, 1.0
+        # one-vs-rest class weights weigh each binary problem's positive rows (scikit-learn's)
+        loss = make_loss(name, class_weight=[float(w) for w in self._column_weights])  # type: ignore[union-attr]
+        return loss, loss, 1.0
+
+    def _fit_arrays(
+        self, X: Any, y: Any, sample_weight: Any, first: bool, classes: Any
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
+        if self.multi_class == "multinomial" and self.loss != "log_loss":
+            raise ValueError(
+                f"multi_class='multinomial' is the softmax cross-entropy: it needs loss='log_loss', "
+                f"not {self.loss!r}; use multi_class='ovr' for {self.loss!r}"
+            )
+        X, y_enc, sw, n_outputs = super()._fit_arrays(X, y, sample_weight, first, classes)
+        self._column_weights: np.ndarray | None = None
+        if self.class_weight is None:
+            return X, y_enc, sw, n_outputs
+        weights = compute_class_weight(self.class_weight, classes=self.classes_, y=self.classes_[y_enc])
+        if n_outputs > 1 and self.multi_class == "ovr":
+            # each column's loss weighs its class's rows (the loss holds them): not per row
+            self._column_weights = weights
+            return X, y_enc, sw, n_outputs
+        # two classes (or the multinomial loss): each row's weight times its class's weight
+        per_row = weights[y_enc].astype(np.float32)
+        return X, y_enc, per_row if sw is None else sw * per_row, n_outputs
+
+    def _probability_kind(self) -> str | None:
+        """scikit-learn's probability model of the loss, None where it has none."""
+        if self.loss == "log_loss":
+            return "softmax" if self.multi_class == "multinomial" else "ovr_logistic"
+        return "modified_huber" if self.loss == "modified_huber" else None
+
+    def _head_kind(self) -> str:
+        return self._probability_kind() or "decision"
+
+    def _check_proba(self) -> bool:
+        if self._probability_kind() is None:
+            raise AttributeError(f"probability estimates are not available for loss={self.loss!r}")
+        return True
+
+    @available_if(_check_proba)
+    def predict_proba(self, X: Any) -> np.ndarray:
+        """Class probabilities, columns in the order of ``classes_``, as scikit-learn's
+        ``SGDClassifier`` computes them: for 'log_loss', the sigmoid of each one-vs-rest decision
+        value normalised per row (the softmax with ``multi_class='multinomial'``); for
+        'modified_huber', ``(clip(d, -1, 1) + 1) / 2`` normalised.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Samples.
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes)
+            Probabilities, in X's float type.
+        """
+        kind = self._probability_kind()
+        if kind == "softmax":
+            return super().predict_proba(X)
+        (scores,) = self._run("raw", X)
+        out: np.ndarray = ovr_probabilities(scores, str(kind)).astype(scores.dtype, copy=False)
+        return out
+
+    @available_if(_check_proba)
+    def predict_log_proba(self, X: Any) -> np.ndarray:
+        """The logarithm of :meth:`predict_proba`.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Samples.
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes)
+            Log-probabilities, in X's float type.
+        """
+        kind = self._probability_kind()
+        if kind == "softmax" or (kind == "ovr_logistic" and len(self.classes_) == 2):
+            # two classes: the sigmoid is the softmax of [0, z], whose log-softmax stays finite
+            return super().predict_log_proba(X)
+        proba = self.predict_proba(X)
+        with np.errstate(divide="ignore"):
+            out: np.ndarray = np.log(proba)
+        return out
+
+    def predict(self, X: Any) -> np.ndarray:
+        """The class of the largest decision value (for two classes, ``classes_[1]`` where the
+        decision value is > 0), as scikit-learn's.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+            Samples.
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+            Labels from ``classes_``.
+        """
+        (scores,) = self._run("raw", X)
+        index = (scores[:, 0] > 0).astype(np.int64) if scores.shape[1] == 1 else np.argmax(scores, axis=1)
+        labels: np.ndarray = self.classes_[index]
+        return labels
 
     def _store_linear(self, coef: np.ndarray, intercept: np.ndarray) -> None:
         self.coef_ = np.atleast_2d(coef).astype(np.float64)

@@ -1,0 +1,104 @@
+"""OrtSGDClassifier / OrtSGDRegressor with scikit-learn's SGD losses (issue 18, item 7): the
+same per-sample SGD steps as SGDClassifier / SGDRegressor (constant step, no penalty, no
+shuffling: the weights are then a deterministic function of the data), one-vs-rest for more
+than two classes, scikit-learn's probability models and class weights."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+import onnxruntime
+import pytest
+from sklearn.datasets import load_iris, make_classification, make_regression
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import SGDClassifier, SGDRegressor
+from sklearn.preprocessing import scale
+
+from ort_train_sklearn import OrtSGDClassifier, OrtSGDRegressor
+
+COMMON = dict(penalty=None, learning_rate="constant", eta0=0.01, shuffle=False, max_iter=3, tol=None)
+
+
+def _fit_both(ours: Any, theirs: Any, X: np.ndarray, y: np.ndarray, **fit: Any) -> tuple[Any, Any]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return ours.fit(X, y, **fit), theirs.fit(X, y, **fit)
+
+
+def _binary() -> tuple[np.ndarray, np.ndarray]:
+    X, y = make_classification(n_samples=120, n_features=5, random_state=0)
+    return scale(X), y
+
+
+def _three_classes() -> tuple[np.ndarray, np.ndarray]:
+    X, y = load_iris(return_X_y=True)
+    return scale(X), y
+
+
+@pytest.mark.parametrize("loss", ["hinge", "log_loss", "modified_huber", "squared_hinge", "perceptron"])
+@pytest.mark.parametrize("data", [_binary, _three_classes], ids=["binary", "ovr"])
+def test_classifier_steps_as_scikit_learn(loss: str, data: Any) -> None:
+    X, y = data()
+    ours, theirs = _fit_both(OrtSGDClassifier(loss=loss, **COMMON), SGDClassifier(loss=loss, **COMMON), X, y)
+    np.testing.assert_allclose(ours.coef_, theirs.coef_, rtol=2e-4, atol=2e-5)
+    np.testing.assert_allclose(ours.intercept_, theirs.intercept_, rtol=2e-4, atol=2e-5)
+    np.testing.assert_array_equal(ours.predict(X), theirs.predict(X))
+    np.testing.assert_allclose(ours.decision_function(X), theirs.decision_function(X), rtol=1e-3, atol=1e-4)
+    assert hasattr(ours, "predict_proba") == hasattr(theirs, "predict_proba")
+    if hasattr(theirs, "predict_proba"):
+        np.testing.assert_allclose(ours.predict_proba(X), theirs.predict_proba(X), rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("loss", ["huber", "epsilon_insensitive", "squared_epsilon_insensitive"])
+def test_regressor_steps_as_scikit_learn(loss: str) -> None:
+    X, y = make_regression(n_samples=100, n_features=4, noise=5.0, random_state=1)
+    X, y = scale(X), y / y.std()
+    params = dict(loss=loss, epsilon=0.2, **COMMON)
+    ours, theirs = _fit_both(OrtSGDRegressor(**params), SGDRegressor(**params), X, y)
+    np.testing.assert_allclose(ours.coef_, theirs.coef_, rtol=2e-4, atol=2e-5)
+    np.testing.assert_allclose(ours.intercept_, theirs.intercept_, rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("class_weight", [{0: 3.0, 1: 0.5, 2: 1.0}, "balanced"])
+def test_class_weight_as_scikit_learn(class_weight: Any) -> None:
+    X, y = _three_classes()
+    keep = np.r_[0:50, 50:70, 100:150]  # unbalanced: 'balanced' differs from equal weights
+    X, y = X[keep], y[keep]
+    params = dict(loss="hinge", class_weight=class_weight, **COMMON)
+    ours, theirs = _fit_both(OrtSGDClassifier(**params), SGDClassifier(**params), X, y)
+    np.testing.assert_allclose(ours.coef_, theirs.coef_, rtol=2e-4, atol=2e-5)
+
+
+def test_multinomial_needs_the_log_loss() -> None:
+    X, y = _three_classes()
+    with pytest.raises(ValueError, match="multi_class='multinomial' is the softmax cross-entropy"):
+        OrtSGDClassifier(loss="hinge", multi_class="multinomial").fit(X, y)
+
+
+def test_multinomial_log_loss_is_the_softmax() -> None:
+    """multi_class='multinomial': softmax probabilities of the decision values."""
+    X, y = _three_classes()
+    est = OrtSGDClassifier(loss="log_loss", multi_class="multinomial", **COMMON).fit(X, y)
+    d = est.decision_function(X).astype(np.float64)
+    e = np.exp(d - d.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(est.predict_proba(X), e / e.sum(axis=1, keepdims=True), rtol=1e-5)
+
+
+@pytest.mark.parametrize("loss", ["hinge", "log_loss", "modified_huber"])
+@pytest.mark.parametrize("data", [_binary, _three_classes], ids=["binary", "ovr"])
+def test_deployed_graph_predicts_as_the_estimator(loss: str, data: Any) -> None:
+    X, y = data()
+    est = OrtSGDClassifier(loss=loss, **COMMON).fit(X, y)
+    model = est.to_onnx()
+    sess = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    label, second = sess.run(None, {sess.get_inputs()[0].name: X.astype(np.float32)})
+    np.testing.assert_array_equal(label, est.predict(X))
+    if loss == "hinge":
+        assert model.graph.output[1].name == "scores"
+        d = est.decision_function(X)
+        expected = np.column_stack([-d, d]) if d.ndim == 1 else d
+        np.testing.assert_allclose(second, expected, rtol=1e-5, atol=1e-6)
+    else:
+        np.testing.assert_allclose(second, est.predict_proba(X), rtol=1e-5, atol=1e-6)
