@@ -23,6 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from sklearn.exceptions import DataConversionWarning
+from sklearn.utils.multiclass import type_of_target
 
 from ort_train_core import ConvergenceError
 from ort_train_sklearn import OrtMLPClassifier, OrtMLPRegressor, OrtSGDClassifier, OrtSGDRegressor
@@ -81,7 +82,9 @@ def targets(draw: st.DrawFn, n: int, classifier: bool) -> np.ndarray:
 
 
 @st.composite
-def fit_cases(draw: st.DrawFn, kind: str, classifier: bool, multi_output: bool) -> Case:
+def fit_cases(
+    draw: st.DrawFn, kind: str, classifier: bool, multi_output: bool, multilabel: bool = False
+) -> Case:
     n = draw(st.integers(3, 9))
     X = draw(_floats((n, N_FEATURES)))
     y = draw(targets(n, classifier))
@@ -196,7 +199,12 @@ def fit_cases(draw: st.DrawFn, kind: str, classifier: bool, multi_output: bool) 
             y2 = np.stack([y, y[::-1]], axis=1)
             if multi_output:
                 return Case(kind, X, y2, X_ref=_f32(X), y_ref=y2)
-            return Case(kind, X, y2, error=(ValueError,), match=r"y should be a 1d array")
+            if multilabel and type_of_target(y2) == "multilabel-indicator":
+                # MLPClassifier: two 0/1 columns are multilabel indicators, as scikit-learn's
+                return Case(kind, X, y2, X_ref=_f32(X), y_ref=y2)
+            return Case(
+                kind, X, y2, error=(ValueError,), match=r"y should be a 1d array|one class index per row"
+            )
         return Case(kind, X, y.reshape(n, 1, 1), error=(ValueError,), match=r"dim 3")
 
     # sample weights
@@ -307,7 +315,7 @@ def test_fit_on_random_input(name: str, kind: str) -> None:
     multi_output = name == "mlp-regressor"
 
     @ROBUST
-    @given(case=fit_cases(kind, classifier, multi_output))
+    @given(case=fit_cases(kind, classifier, multi_output, multilabel=name == "mlp-classifier"))
     def run(case: Case) -> None:
         check_fit(name, case)
 

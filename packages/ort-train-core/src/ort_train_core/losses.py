@@ -449,6 +449,30 @@ class LogisticLearningLoss(_MarginLoss):
         return b.op("Neg", [b.op("Squeeze", [picked, b.int_const([-1])])], "logistic")
 
 
+class BinaryCrossEntropyLearningLoss(BaseLearningLoss):
+    """Binary cross-entropy on logits, column by column, with float targets in [0, 1] shaped
+    like the prediction (multilabel indicators): ``l = sum_k softplus(z_k) - y_k z_k``
+    (``'binary_cross_entropy'``, scikit-learn's MLPClassifier loss for multilabel targets).
+    Each term is ``-[1 - y, y] . log_softmax([0, z])``: smooth at ``z = 0``. It takes no
+    parameter.
+
+    Attributes
+    ----------
+    integer_labels : bool
+        False: the label is a float target shaped like the prediction.
+    """
+
+    def row_loss(self, b: NodeBuilder, pred: str, label: str, pred_shape: list[int | None]) -> str:
+        z = b.op("Unsqueeze", [pred, b.int_const([-1])], "logit_pair")
+        logp = b.op(
+            "LogSoftmax", [b.op("Concat", [b.op("Sub", [z, z]), z], "pair", axis=-1)], "log_pair", axis=-1
+        )
+        y = b.op("Unsqueeze", [label, b.int_const([-1])], "target_pair")
+        weights = b.op("Concat", [b.op("Sub", [b.const(1.0, "one"), y]), y], "target_weights", axis=-1)
+        picked = b.reduce("ReduceSum", b.op("Mul", [weights, logp]), [-1], 0, "log_likelihood")
+        return _sum_columns(b, b.op("Neg", [picked], "bce"), pred_shape)
+
+
 class HuberLearningLoss(_ElementwiseLoss):
     """Huber loss ``l = sum_k h(f - y)``, ``h(r) = r^2 / 2`` for ``|r| <= epsilon``,
     ``epsilon |r| - epsilon^2 / 2`` beyond (``'huber'``, scikit-learn's SGDRegressor loss),
@@ -529,6 +553,7 @@ LOSSES: dict[str, type[BaseLearningLoss]] = {
     "cross_entropy": CrossEntropyLearningLoss,
     "hinge": HingeLearningLoss,
     "logistic": LogisticLearningLoss,
+    "binary_cross_entropy": BinaryCrossEntropyLearningLoss,
     "perceptron": _perceptron,  # type: ignore[dict-item]
     "squared_hinge": SquaredHingeLearningLoss,
     "modified_huber": ModifiedHuberLearningLoss,

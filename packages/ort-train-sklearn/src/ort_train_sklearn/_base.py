@@ -20,7 +20,7 @@ from sklearn.metrics import accuracy_score, r2_score
 from sklearn.model_selection import train_test_split
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
-from sklearn.utils.multiclass import check_classification_targets, unique_labels
+from sklearn.utils.multiclass import check_classification_targets, type_of_target, unique_labels
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
 
 import ort_train_core
@@ -145,6 +145,8 @@ class OrtEstimatorMixin(BaseEstimator):
     _keeps_best_epoch = True
     #: t_ before the first epoch: scikit-learn's MLPs count samples from 0, its SGD from 1
     _t_start = 0
+    #: whether y may be a multilabel indicator matrix (scikit-learn's MLPClassifier)
+    _supports_multilabel = False
 
     # ---- what a subclass says -----------------------------------------------------------
     def _initial_graph(self, n_features: int, n_outputs: int, rng: np.random.RandomState) -> ModelProto:
@@ -197,7 +199,29 @@ class OrtEstimatorMixin(BaseEstimator):
             if first:
                 self._y_ndim = y.ndim
             return (y.reshape(-1, 1) if y.ndim == 1 else y), n_outputs
+        if self._supports_multilabel and y.ndim == 2 and y.shape[1] == 1:
+            # a column of labels is not a multilabel matrix: scikit-learn ravels it and warns
+            warnings.warn(
+                "A column-vector y was passed when a 1d array was expected. Please change the "
+                "shape of y to (n_samples,), for example using ravel().",
+                DataConversionWarning,
+                stacklevel=5,
+            )
+            y = y[:, 0]
         check_classification_targets(y)
+        if self._supports_multilabel and (first or getattr(self, "_multilabel", False)):
+            multilabel = type_of_target(y) == "multilabel-indicator"
+            if y.ndim == 2 and not multilabel:
+                raise ValueError(
+                    f"y should be a 1d array of labels or a multilabel indicator matrix of 0/1, got "
+                    f"shape {y.shape} with values {np.unique(y)[:5].tolist()}"
+                )
+            if first:
+                self._multilabel = multilabel
+            elif not multilabel:
+                raise ValueError("the first fit had multilabel targets: y must be an indicator matrix")
+            if multilabel:
+                return self._multilabel_targets(y, first)
         if first:
             self.classes_ = self._initial_classes(y, classes)
             if len(self.classes_) < 2:
@@ -225,6 +249,15 @@ class OrtEstimatorMixin(BaseEstimator):
             )
         n_outputs = 1 if len(self.classes_) == 2 else len(self.classes_)
         return _encode(y, self.classes_), n_outputs
+
+    def _multilabel_targets(self, y: np.ndarray, first: bool) -> tuple[np.ndarray, int]:
+        """An indicator matrix y [n, k]: one logit per label, trained with the binary
+        cross-entropy of each (scikit-learn's MLPClassifier); classes_ = 0..k-1."""
+        if first:
+            self.classes_ = np.arange(y.shape[1])
+        elif y.shape[1] != len(self.classes_):
+            raise ValueError(f"y has {y.shape[1]} labels, the first fit had {len(self.classes_)}")
+        return np.ascontiguousarray(y, dtype=np.float32), y.shape[1]
 
     def _initial_classes(self, y: np.ndarray, classes: Any) -> np.ndarray:
         """``classes_`` of a first fit: ``classes`` (partial_fit) as their sorted set, else the
@@ -344,7 +377,8 @@ class OrtEstimatorMixin(BaseEstimator):
         """The estimator's ``score`` from the graph's raw outputs: accuracy of the logits'
         classes for a classifier (y_enc: class indices), R² for a regressor."""
         if self._is_classifier:
-            predicted = np.argmax(probabilities(raw), axis=1)
+            multilabel = getattr(self, "_multilabel", False)
+            predicted = (raw > 0).astype(np.float32) if multilabel else np.argmax(probabilities(raw), axis=1)
             return float(accuracy_score(y_enc, predicted, sample_weight=sample_weight))
         return float(r2_score(y_enc, raw.reshape(y_enc.shape), sample_weight=sample_weight))
 
@@ -390,7 +424,8 @@ class OrtEstimatorMixin(BaseEstimator):
             *([] if sw is None else [sw]),
             test_size=self.validation_fraction,
             random_state=rng.randint(2**31 - 1),
-            stratify=y_enc if self._is_classifier else None,
+            # scikit-learn stratifies one label column, not multilabel indicators
+            stratify=y_enc if self._is_classifier and y_enc.ndim == 1 else None,
         )
         X, X_val, y_enc, y_val = split[:4]
         sw, sw_val = (split[4], split[5]) if sw is not None else (None, None)
@@ -505,7 +540,7 @@ class OrtEstimatorMixin(BaseEstimator):
 
     def _head_kind(self) -> str:
         """How the decision values become the deployed graph's probabilities (HEAD_KINDS)."""
-        return "softmax"
+        return "multilabel" if getattr(self, "_multilabel", False) else "softmax"
 
     def _run(self, kind: str, X: Any) -> list[np.ndarray]:
         """The graph's outputs on X; float outputs in X's float type (computed in float32),
@@ -657,7 +692,10 @@ class OrtClassifierMixin(OrtEstimatorMixin):
             Probabilities, in X's float type.
         """
         (scores,) = self._run("raw", X)
-        out: np.ndarray = probabilities(scores).astype(scores.dtype, copy=False)
+        if getattr(self, "_multilabel", False):  # one sigmoid per label
+            out: np.ndarray = (0.5 * (1 + np.tanh(scores.astype(np.float64) / 2))).astype(scores.dtype)
+            return out
+        out = probabilities(scores).astype(scores.dtype, copy=False)
         return out
 
     def predict_log_proba(self, X: Any) -> np.ndarray:
@@ -675,7 +713,10 @@ class OrtClassifierMixin(OrtEstimatorMixin):
             Log-probabilities, in X's float type.
         """
         (scores,) = self._run("raw", X)
-        out: np.ndarray = probabilities(scores, log=True).astype(scores.dtype, copy=False)
+        if getattr(self, "_multilabel", False):  # log sigmoid = -softplus(-z), finite
+            out: np.ndarray = (-np.logaddexp(0.0, -scores.astype(np.float64))).astype(scores.dtype)
+            return out
+        out = probabilities(scores, log=True).astype(scores.dtype, copy=False)
         return out
 
     def predict(self, X: Any) -> np.ndarray:
@@ -691,6 +732,10 @@ class OrtClassifierMixin(OrtEstimatorMixin):
         ndarray of shape (n_samples,)
             Labels from ``classes_``.
         """
+        if getattr(self, "_multilabel", False):  # the indicator matrix of the labels with p > 0.5
+            (scores,) = self._run("raw", X)
+            indicators: np.ndarray = (scores > 0).astype(np.int64)
+            return indicators
         proba = self.predict_proba(X)
         labels: np.ndarray = self.classes_[np.argmax(proba, axis=1)]
         return labels

@@ -88,8 +88,9 @@ def dense_graph(
 #: how a classifier's decision values become its second output: 'softmax' (multinomial
 #: logits; one column is the logit of classes[1]), 'ovr_logistic' (one-vs-rest logits:
 #: sigmoids normalised per row), 'modified_huber' ((clip(d, -1, 1) + 1) / 2 normalised) or
-#: 'decision' (the decision values themselves, output 'scores': no probability model)
-HEAD_KINDS = ("softmax", "ovr_logistic", "modified_huber", "decision")
+#: 'decision' (the decision values themselves, output 'scores': no probability model),
+#: 'multilabel' (a sigmoid per label; the label output is the int64 indicator matrix p > 0.5)
+HEAD_KINDS = ("softmax", "ovr_logistic", "modified_huber", "decision", "multilabel")
 
 
 def _binary_pair(nodes: list[Any], g: Any, p1: str, out: str, negate: bool = False) -> None:
@@ -149,6 +150,28 @@ def _head_nodes(g: Any, output: str, n_cols: int, kind: str) -> tuple[list[Any],
     return nodes, name
 
 
+def _multilabel_head(out: ModelProto, output: str, n_labels: int) -> ModelProto:
+    """'label' (int64 indicators, logit > 0) and 'probabilities' (a sigmoid per label)."""
+    g = out.graph
+    g.initializer.append(numpy_helper.from_array(np.array(0.0, dtype=np.float32), "head_zero"))
+    g.node.extend(
+        [
+            helper.make_node("Sigmoid", [output], ["probabilities"]),
+            helper.make_node("Greater", [output, "head_zero"], ["head_on"]),
+            helper.make_node("Cast", ["head_on"], ["label"], to=TensorProto.INT64),
+        ]
+    )
+    del g.output[:]
+    g.output.extend(
+        [
+            helper.make_tensor_value_info("label", TensorProto.INT64, [None, n_labels]),
+            helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [None, n_labels]),
+        ]
+    )
+    onnx.checker.check_model(out)
+    return out
+
+
 def classifier_head(model: ModelProto, output: str, classes: np.ndarray, kind: str = "softmax") -> ModelProto:
     """Appends probabilities (or scores) and the label (classes[argmax]) to a graph of decision
     values; outputs 'label' then 'probabilities' ('scores' for ``kind='decision'``), as
@@ -175,6 +198,8 @@ def classifier_head(model: ModelProto, output: str, classes: np.ndarray, kind: s
     out = ModelProto()
     out.CopyFrom(model)
     g = out.graph
+    if kind == "multilabel":
+        return _multilabel_head(out, output, len(classes))
     n_cols = 1 if len(classes) == 2 else len(classes)
     nodes, second = _head_nodes(g, output, n_cols, kind)
     nodes.append(helper.make_node("ArgMax", [second], ["head_index"], axis=1, keepdims=0))

@@ -139,7 +139,8 @@ class _OrtMLPBase(OrtEstimatorMixin):
         if not self._is_classifier:
             self.out_activation_ = "identity"
         else:
-            self.out_activation_ = "logistic" if self.n_outputs_ == 1 else "softmax"
+            multilabel = getattr(self, "_multilabel", False)
+            self.out_activation_ = "logistic" if self.n_outputs_ == 1 or multilabel else "softmax"
 
 
 @fill_doc(_MLP_ENTRIES)
@@ -236,7 +237,10 @@ class OrtMLPRegressor(OrtRegressorMixin, RegressorMixin, _OrtMLPBase):
 @fill_doc(_MLP_ENTRIES)
 class OrtMLPClassifier(OrtClassifierMixin, ClassifierMixin, _OrtMLPBase):
     """An MLP classifier (one logit + sigmoid for two classes, softmax for more) trained by
-    onnxruntime on the cross-entropy of its logits.
+    onnxruntime on the cross-entropy of its logits. Multilabel targets (an indicator matrix
+    ``y`` of shape (n_samples, n_labels)) train one logit per label with the binary
+    cross-entropy of each; ``predict`` then returns the indicator matrix of ``p > 0.5`` and
+    ``predict_proba`` the probability of each label, as scikit-learn's.
 
     Takes the parameters of scikit-learn's ``MLPClassifier`` and sets its fitted attributes.
 
@@ -250,8 +254,12 @@ class OrtMLPClassifier(OrtClassifierMixin, ClassifierMixin, _OrtMLPBase):
     %(mlp_attributes)s
     %(fit_attributes)s
     out_activation_ : str
-        'logistic' for two classes, 'softmax' for more.
+        'logistic' for two classes and multilabel targets, 'softmax' for more.
     """
+
+    # scikit-learn's MLPClassifier takes multilabel indicator matrices
+    _multi_output = True
+    _supports_multilabel = True
 
     def __init__(
         self,
@@ -311,4 +319,6 @@ class OrtMLPClassifier(OrtClassifierMixin, ClassifierMixin, _OrtMLPBase):
         self.checkpoint_every = checkpoint_every
 
     def _loss(self, n_outputs: int) -> tuple[str, str, float]:
+        if getattr(self, "_multilabel", False):  # an indicator matrix: one binary loss per label
+            return "binary_cross_entropy", "binary_cross_entropy", 1.0
         return "cross_entropy", "cross_entropy", 1.0
