@@ -668,7 +668,8 @@ def _refused_graph(case: str) -> onnx.ModelProto:
         ("regressor_post_transform", GraphNotDifferentiableError, "post_transform='SOFTMAX'; only NONE"),
         ("classifier_post_transform", GraphNotDifferentiableError, "supported: NONE, LOGISTIC, SOFTMAX"),
         ("classifier_label_read", ValueError, "label output of LinearClassifier"),
-        ("two_inputs", ValueError, r"exactly one input \(the features\), it has \['X', 'X2'\]"),
+        # several inputs train (issue 17, item 1), given rows to check the graph with
+        ("two_inputs", ValueError, r"the graph's inputs \['X', 'X2'\] are not one float32 .* pass X_sample"),
     ],
 )
 def test_refused_ml_nodes_and_inputs(case: str, error: type[Exception], message: str) -> None:

@@ -247,8 +247,6 @@ RUNNERS = {"full": run_full, "partial": run_partial, "module": run_module, "skle
 
 def known_failures(name: str, exporter: str, route: str, scope: str) -> list[str]:
     """Why a pair fails today, by item of issue 17 (empty when it should pass)."""
-    if route == "sklearn":
-        return ["item 1: OnnxModel* validates X as a 2-D matrix (scikit-learn's validate_data)"]
     return []
 
 

@@ -194,6 +194,8 @@ def split_features(specs: tuple[FeatureSpec, ...], X: Any, prefix: str = "") -> 
     """Pairs each batched input with its array-like in ``X`` (one array, a dict by input name,
     or a tuple/list in input order)."""
     names = [f.name for f in specs]
+    if type(X).__module__.startswith("scipy.sparse"):  # a DOK matrix is a dict
+        raise TypeError(f"{prefix}X is a sparse matrix; the trainers take dense arrays: X.toarray()")
     if isinstance(X, dict):
         missing = [n for n in names if n not in X]
         extra = [k for k in X if k not in names]

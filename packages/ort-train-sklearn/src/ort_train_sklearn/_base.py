@@ -39,8 +39,9 @@ from ort_train_core import (
 from ._graphs import classifier_head, probabilities
 
 _Estimator = TypeVar("_Estimator", bound="OrtEstimatorMixin")
-#: X, y and the sample weights (None: all 1) of a fit
-_Arrays = tuple[np.ndarray, np.ndarray, np.ndarray | None]
+#: X (an array, or a tuple of the arrays of several inputs), y and the sample weights (None:
+#: all 1) of a fit
+_Arrays = tuple[Any, np.ndarray, np.ndarray | None]
 
 _COMMON_CONSTRAINTS: dict[str, list[Any]] = {
     "max_iter": [Interval(Integral, 1, None, closed="left")],
@@ -63,6 +64,16 @@ def _to_float32(name: str, values: Any) -> np.ndarray:
     """``values`` as a C-contiguous float32 array, the type the graphs compute in; values beyond
     its range are refused (core's cast: a float64 1e39 would otherwise become inf)."""
     return cast_checked(name, np.asarray(values), np.dtype(np.float32))
+
+
+def _n_rows(X: Any) -> int:
+    """Rows of X: an array, or a tuple of the arrays of several inputs."""
+    return int(X[0].shape[0] if isinstance(X, tuple) else X.shape[0])
+
+
+def _n_features(X: Any) -> int:
+    """Columns of a 2-D X; 0 for the inputs of other graphs (a given model ignores it)."""
+    return int(X.shape[1]) if isinstance(X, np.ndarray) and X.ndim == 2 else 0
 
 
 def _same_classes(classes: Any, fitted: np.ndarray) -> bool:
@@ -113,7 +124,8 @@ class _ValidationScore(Callback):
             self._session = onnxruntime.InferenceSession(
                 graph.SerializeToString(), providers=parse_device(self.estimator.device).providers
             )
-        data = self.X if isinstance(self.X, dict) else {self._session.get_inputs()[0].name: self.X}
+        names = [i.name for i in self._session.get_inputs()]
+        data = dict(zip(names, self.X)) if isinstance(self.X, tuple) else {names[0]: self.X}
         return np.asarray(self._session.run(None, {**data, **state})[0])
 
     def on_epoch_end(self, trainer: Any, epoch: int, logs: dict[str, float]) -> bool:
@@ -330,13 +342,13 @@ class OrtEstimatorMixin(BaseEstimator):
         X, y_enc, sw, n_outputs = self._fit_arrays(X, y, sample_weight, first, classes)
         rng = check_random_state(self.random_state)
         if first:  # the initial weights take the first draws, as in scikit-learn
-            model = self._initial_graph(X.shape[1], n_outputs, rng)
+            model = self._initial_graph(_n_features(X), n_outputs, rng)
         validation = None
         if self.early_stopping and not incremental:
             (X, y_enc, sw), validation = self._split_validation(X, y_enc, sw, rng)
         if first:
             mean_weight = 1.0 if sw is None or self._rows_weighted else float(np.mean(sw, dtype=np.float64))
-            self._trainer = self._make_trainer(model, X.shape[0], n_outputs, rng, mean_weight)
+            self._trainer = self._make_trainer(model, _n_rows(X), n_outputs, rng, mean_weight)
         trainer = self._trainer
         trainer.max_iter = 1 if incremental else self.max_iter
         trainer.tol = None if incremental or self.tol is None else self.tol * self._report_scale
@@ -356,9 +368,9 @@ class OrtEstimatorMixin(BaseEstimator):
         self._store_history(trainer, epochs_before, scoring)
         if first:
             self.t_ = self._t_start
-        n_total = X.shape[0] + (0 if validation is None else validation[0].shape[0])
+        n_total = _n_rows(X) + (0 if validation is None else _n_rows(validation[0]))
         # samples seen (MLP: training rows) or updates (SGD: every row of X, as scikit-learn)
-        self.t_ = self.t_ + self.n_iter_ * (X.shape[0] if self._keeps_best_epoch else n_total)
+        self.t_ = self.t_ + self.n_iter_ * (_n_rows(X) if self._keeps_best_epoch else n_total)
         return self
 
     def _end_early_stopping(self, trainer: Any, scoring: _ValidationScore) -> None:
@@ -414,12 +426,13 @@ class OrtEstimatorMixin(BaseEstimator):
         return X, y_enc, sw, n_outputs
 
     def _split_validation(
-        self, X: np.ndarray, y_enc: np.ndarray, sw: np.ndarray | None, rng: np.random.RandomState
+        self, X: Any, y_enc: np.ndarray, sw: np.ndarray | None, rng: np.random.RandomState
     ) -> tuple[_Arrays, _Arrays]:
         """(training, validation) rows for early stopping: ``validation_fraction`` of them,
         stratified for classifiers, drawn from ``rng``."""
+        features = list(X) if isinstance(X, tuple) else [X]  # several inputs: a tuple of arrays
         split = train_test_split(
-            X,
+            *features,
             y_enc,
             *([] if sw is None else [sw]),
             test_size=self.validation_fraction,
@@ -427,8 +440,12 @@ class OrtEstimatorMixin(BaseEstimator):
             # scikit-learn stratifies one label column, not multilabel indicators
             stratify=y_enc if self._is_classifier and y_enc.ndim == 1 else None,
         )
-        X, X_val, y_enc, y_val = split[:4]
-        sw, sw_val = (split[4], split[5]) if sw is not None else (None, None)
+        # train_test_split returns (train, test) of each array in turn
+        train, test = split[0::2], split[1::2]
+        k = len(features)
+        X, X_val = (tuple(train[:k]), tuple(test[:k])) if isinstance(X, tuple) else (train[0], test[0])
+        y_enc, y_val = train[k], test[k]
+        sw, sw_val = (train[k + 1], test[k + 1]) if sw is not None else (None, None)
         return (X, y_enc, sw), (X_val, y_val, sw_val)
 
     def _train(self, run: Any, data: _Arrays, validation: _Arrays | None) -> None:

@@ -328,10 +328,11 @@ def _from_onnx(
     model = normalise_model(model)
     x_name, sample = _features_and_sample(model, X_sample)
     kind, target = _detect_kind(model)
+    n_rows = _n_rows(sample)
     if expected_kind is not None and kind != expected_kind:
         raise ValueError(f"the converted graph looks like a {kind}, expected a {expected_kind}")
     try:
-        reference = _run(_select_outputs(model, [target]), x_name, sample)
+        reference = _run(_deterministic(_select_outputs(model, [target])), sample)
     except Exception as exc:  # onnxruntime's errors have no common base class
         raise ValueError(f"onnxruntime cannot run the model to check the conversion: {exc}") from exc
     work = _rewrite_ml_ops(_select_outputs(model, [target]))
@@ -340,16 +341,20 @@ def _from_onnx(
         kind = "classifier"
         work, probability, classes = _logits_classifier(work, target, reference, classes)
         # the probabilities the graph's own logits give: what the trainable graph must give
-        reference = probabilities(reference.reshape(len(sample), -1))
+        reference = probabilities(reference.reshape(n_rows, -1))
     elif kind == "classifier":
-        work, probability, classes = _classifier_logits(work, model, target, x_name, sample, classes)
-    elif len(_output_shape(work, x_name, sample)) == 1:
+        work, probability, classes = _classifier_logits(work, model, target, sample, classes)
+    elif len(_output_shape(work, sample)) == 1:
         work = _reshape_output_2d(work)
-    work = _rename(work, x_name, INPUT_NAME)
-    _finalise(work)
+    if x_name is not None:  # one 2-D float input: named INPUT_NAME, as the estimators feed it
+        work = _rename(work, x_name, INPUT_NAME)
+        sample = {INPUT_NAME: sample[x_name]}
     output_name = work.graph.output[0].name
+    # before _finalise drops the value_info, whose metadata (dynamo's) tells folded constants
+    # and buffers from parameters: the same default weights as the core trainers'
     weights = _weights_to_train(work, output_name)
-    _check_outputs(work, sample, reference, kind, probability)
+    _finalise(work)
+    _check_outputs(_deterministic(work), sample, reference, kind, probability)
     return TrainableGraph(
         model=work,
         kind=kind,
@@ -360,41 +365,83 @@ def _from_onnx(
     )
 
 
-def _features_and_sample(model: ModelProto, X_sample: Any) -> tuple[str, np.ndarray]:
-    """The name of the graph's one input, a float32 [N, n_features] tensor, and the rows that
-    check the conversion: up to 64 of X_sample, or random ones."""
+#: the inputs of a graph and rows to run it on, by input name
+Feeds = dict[str, np.ndarray]
+
+
+def _deterministic(model: ModelProto) -> ModelProto:
+    """A copy whose Dropout nodes run in inference mode (their training_mode input dropped), so
+    that the conversion check compares equal computations: a training-mode export (torch's
+    TrainingMode.TRAINING) drops at random on every run."""
+    if not any(n.op_type == "Dropout" and len(n.input) > 2 for n in model.graph.node):
+        return model
+    out = ModelProto()
+    out.CopyFrom(model)
+    for node in out.graph.node:
+        if node.op_type == "Dropout" and len(node.input) > 2:
+            del node.input[2:]
+    return out
+
+
+def _n_rows(feeds: Feeds) -> int:
+    return int(next(iter(feeds.values())).shape[0])
+
+
+def _features_and_sample(model: ModelProto, X_sample: Any) -> tuple[str | None, Feeds]:
+    """The graph's batched inputs and the rows that check the conversion (up to 64 of
+    X_sample, or random ones). A graph with one float32 [N, n_features] input (scikit-learn's
+    and skl2onnx's) gives its name; any other (images, sequences, int64 ids, several inputs,
+    as torch exports them) gives None and needs X_sample in the form fit takes it: an array,
+    a dict by input name or a tuple in input order."""
     inits = {i.name for i in model.graph.initializer}
     inputs = [i for i in model.graph.input if i.name not in inits]
-    if len(inputs) != 1:
-        raise ValueError(
-            f"the graph must have exactly one input (the features), it has {[i.name for i in inputs]}"
-        )
+    if not inputs:
+        raise ValueError("the graph has no input to feed the features to")
     x_info = inputs[0]
     tt = x_info.type.tensor_type
-    if not x_info.type.HasField("tensor_type") or tt.elem_type != TensorProto.FLOAT:
-        raise ValueError(
-            f"input {x_info.name!r} must be a float32 tensor (convert with float32 data), got "
-            f"{helper.printable_type(x_info.type)}"
-        )
-    if len(tt.shape.dim) != 2:
-        raise ValueError(f"input {x_info.name!r} must be 2-D [N, n_features]")
+    standard = (
+        len(inputs) == 1
+        and x_info.type.HasField("tensor_type")
+        and tt.elem_type == TensorProto.FLOAT
+        and len(tt.shape.dim) == 2
+    )
+    if not standard:
+        return None, _general_sample(inputs, X_sample)
     n_features = tt.shape.dim[1].dim_value if tt.shape.dim[1].HasField("dim_value") else None
     if n_features is None and X_sample is None:
         raise ValueError(
             f"input {x_info.name!r} has an unknown number of features: pass X_sample to check the graph"
         )
     if X_sample is not None:
-        return x_info.name, _as_sample(X_sample, n_features)[:64]
+        return x_info.name, {x_info.name: _as_sample(X_sample, n_features)[:64]}
     rng = np.random.default_rng(0)
-    return x_info.name, rng.standard_normal((_N_CHECK_ROWS, int(n_features or 0))).astype(np.float32)
+    return x_info.name, {
+        x_info.name: rng.standard_normal((_N_CHECK_ROWS, int(n_features or 0))).astype(np.float32)
+    }
+
+
+def _general_sample(inputs: list[Any], X_sample: Any) -> Feeds:
+    """Rows of a graph's inputs of any rank and type, checked as fit checks them."""
+    from ort_train_core._data import check_features, feature_spec
+
+    names = [i.name for i in inputs]
+    for vi in inputs:
+        if not vi.type.HasField("tensor_type"):
+            raise ValueError(f"input {vi.name!r} is a {helper.printable_type(vi.type)}, not a tensor")
+    if X_sample is None:
+        raise ValueError(
+            f"the graph's inputs {names} are not one float32 [N, n_features] matrix: pass X_sample "
+            "(an array, a dict by input name or a tuple in input order) to check the graph"
+        )
+    arrays = check_features(tuple(feature_spec(vi) for vi in inputs), X_sample, "X_sample ")
+    return {name: a[:64] for name, a in zip(names, arrays)}
 
 
 def _classifier_logits(
     work: ModelProto,
     model: ModelProto,
     target: str,
-    x_name: str,
-    sample: np.ndarray,
+    sample: Feeds,
     classes: np.ndarray | None,
 ) -> tuple[ModelProto, str, np.ndarray]:
     """``work`` cut at the logits of the probabilities ``target`` (output renamed
@@ -402,8 +449,8 @@ def _classifier_logits(
     ``model`` lists, else 0 to n_classes - 1."""
     if classes is None:
         classes = _classes_from_graph(model)
-    work, probability = _cut_at_logits(work, target, x_name, sample)
-    n_cols = _output_shape(work, x_name, sample)[1]
+    work, probability = _cut_at_logits(work, target, sample)
+    n_cols = _output_shape(work, sample)[1]
     n_classes = 2 if n_cols == 1 else n_cols
     if classes is None:
         classes = np.arange(n_classes, dtype=np.int64)
@@ -656,11 +703,11 @@ def _post_transform(node: NodeProto, post: str, scores: str, out: str, namer: _N
 # ---- cutting a classifier at its logits ---------------------------------------------------------------
 
 
-def _cut_at_logits(model: ModelProto, proba: str, x_name: str, sample: np.ndarray) -> tuple[ModelProto, str]:
+def _cut_at_logits(model: ModelProto, proba: str, sample: Feeds) -> tuple[ModelProto, str]:
     """The graph whose only output is the logits, and 'sigmoid' or 'softmax'."""
     activation, z = _find_activation(model, proba)
     cut = _select_outputs(model, [z])
-    shape = _output_shape(cut, x_name, sample)
+    shape = _output_shape(cut, sample)
     if len(shape) == 1:  # [N] scores: one column
         cut = _reshape_output_2d(cut)
     elif len(shape) != 2:
@@ -944,26 +991,26 @@ def _infer_output_dims(model: ModelProto) -> int | None:
 # ---- numeric checks with onnxruntime -------------------------------------------------------------------
 
 
-def _run(model: ModelProto, x_name: str, X: np.ndarray) -> np.ndarray:
+def _run(model: ModelProto, feeds: Feeds) -> np.ndarray:
     import onnxruntime
 
     opts = onnxruntime.SessionOptions()
     opts.log_severity_level = 3
     sess = onnxruntime.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    (out,) = sess.run(None, {x_name: X})
+    (out,) = sess.run(None, feeds)
     return np.asarray(out)
 
 
-def _output_shape(model: ModelProto, x_name: str, sample: np.ndarray) -> tuple[int, ...]:
-    return tuple(int(d) for d in _run(model, x_name, sample).shape)
+def _output_shape(model: ModelProto, sample: Feeds) -> tuple[int, ...]:
+    return tuple(int(d) for d in _run(model, sample).shape)
 
 
 def _check_outputs(
-    model: ModelProto, sample: np.ndarray, reference: np.ndarray, kind: str, probability: str | None
+    model: ModelProto, sample: Feeds, reference: np.ndarray, kind: str, probability: str | None
 ) -> None:
     """The trainable graph computes what the original one did (the probabilities from the
     logits for a classifier)."""
-    got = _run(model, INPUT_NAME, sample).astype(np.float64)
+    got = _run(model, sample).astype(np.float64)
     ref = np.asarray(reference, dtype=np.float64)
     if kind == "regressor":
         ref = ref.reshape(got.shape)
@@ -971,7 +1018,7 @@ def _check_outputs(
         if not np.allclose(got, ref, rtol=_REG_RTOL, atol=_REG_RTOL * scale):
             raise ValueError("the trainable graph does not reproduce the model's prediction")
         return
-    ref = ref.reshape(len(sample), -1)
+    ref = ref.reshape(_n_rows(sample), -1)
     expected = probabilities(got)
     if ref.shape[1] == 1 and probability == "sigmoid":  # a graph giving P(class 1) only
         expected = expected[:, 1:]

@@ -7,13 +7,23 @@ from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
-from onnx import ModelProto
+from onnx import ModelProto, TensorProto
 from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin, clone
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
+from sklearn.utils import check_array, check_consistent_length
 from sklearn.utils._param_validation import Interval, StrOptions
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
 
-from ort_train_core import BaseLearningRate, LearningRateAdam, LearningRateSGD, LearningRateSGDNesterov
+from ort_train_core import (
+    BaseLearningRate,
+    LearningRateAdam,
+    LearningRateSGD,
+    LearningRateSGDNesterov,
+    cast_checked,
+    load_model,
+    parse_device,
+)
+from ort_train_core._data import check_features, feature_spec
 from ort_train_core.graph import default_penalized_weights
 
 from ._base import (
@@ -64,7 +74,7 @@ class _OnnxModelBase(OrtEstimatorMixin):
     }
     _expected_kind = "regressor"
 
-    def _graph(self, X: np.ndarray, y: Any) -> TrainableGraph:
+    def _graph(self, X: Any, y: Any) -> TrainableGraph:
         if self.model is None:
             raise ValueError(
                 f"{type(self).__name__} needs model=: an ONNX model, its bytes or path, "
@@ -77,7 +87,7 @@ class _OnnxModelBase(OrtEstimatorMixin):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ConvergenceWarning)
                 model = clone(model).fit(X, y)
-        graph = to_trainable_graph(model, X[:1], **self._reading())
+        graph = to_trainable_graph(model, _first_rows(X, 1), **self._reading())
         if graph.kind != self._expected_kind:
             raise ValueError(
                 f"{type(self).__name__} trains a {self._expected_kind}, but the model is a {graph.kind}; "
@@ -122,9 +132,61 @@ class _OnnxModelBase(OrtEstimatorMixin):
         self.weights_ = weights
 
     def _start_fit(self, X: Any, y: Any) -> None:
-        """Converts the model (resume too: the graph the checkpoint's weights belong to)."""
+        """Converts the model (resume too: the graph the checkpoint's weights belong to).
+
+        A model whose inputs are not one float32 [N, n_features] matrix (images, sequences,
+        int64 ids, several inputs, as torch exports them) takes X as the core trainers do: an
+        array of the input's rank, a dict by input name or a tuple in input order."""
+        self._inputs_ = None
+        if _takes_general_inputs(self.model, X):
+            if isinstance(self.model, BaseEstimator):
+                raise ValueError(
+                    f"a scikit-learn model takes a 2-D X (n_samples, n_features), got {_describe(X)}"
+                )
+            self._graph_ = self._graph(X, y)
+            graph = self._graph_.model
+            inits = {i.name for i in graph.graph.initializer}
+            self._inputs_ = tuple(feature_spec(vi) for vi in graph.graph.input if vi.name not in inits)
+            return
         Xc, yc = validate_data(self, X, y, dtype=(np.float32, np.float64), multi_output=True)
         self._graph_ = self._graph(Xc.astype(np.float32), yc)
+
+    def _fit_arrays(
+        self, X: Any, y: Any, sample_weight: Any, first: bool, classes: Any
+    ) -> tuple[Any, np.ndarray, np.ndarray | None, int]:
+        specs = getattr(self, "_inputs_", None)
+        if specs is None:
+            return super()._fit_arrays(X, y, sample_weight, first, classes)
+        # the graph's own inputs: checked and cast as the core trainers check them
+        features = tuple(check_features(specs, X))
+        n = features[0].shape[0]
+        y = check_array(y, ensure_2d=False, dtype=None, input_name="y")
+        check_consistent_length(features[0], y)
+        y_enc, n_outputs = self._prepare_targets(y, first, classes)
+        sw = None
+        if sample_weight is not None:
+            sw = _check_sample_weight(sample_weight, features[0], dtype=np.float64, ensure_non_negative=True)
+            sw = cast_checked("sample_weight", sw, np.dtype(np.float32))
+        if n == 0:
+            raise ValueError("X has no rows")
+        return (features if len(features) > 1 else features[0]), y_enc, sw, n_outputs
+
+    def _run(self, kind: str, X: Any) -> list[np.ndarray]:
+        specs = getattr(self, "_inputs_", None)
+        if specs is None:
+            return super()._run(kind, X)
+        check_is_fitted(self, "_trainer")
+        feeds = {spec.name: a for spec, a in zip(specs, check_features(specs, X))}
+        sessions = self.__dict__.setdefault("_sessions", {})
+        if kind not in sessions:
+            import onnxruntime
+
+            model = self.to_onnx() if kind == "deploy" else self._trained_graph()
+            sessions[kind] = onnxruntime.InferenceSession(
+                model.SerializeToString(), providers=parse_device(self.device).providers
+            )
+        outputs: list[np.ndarray] = sessions[kind].run(None, feeds)
+        return outputs
 
 
 @fill_doc(_ONNX_MODEL_ENTRIES)
@@ -333,3 +395,45 @@ def _is_fitted(estimator: Any) -> bool:
     except NotFittedError:
         return False
     return True
+
+
+def _takes_general_inputs(model: Any, X: Any) -> bool:
+    """Whether X (a dict, a tuple of arrays, an array not 2-D) or the model (an ONNX graph
+    whose inputs are not one float32 [N, n_features] matrix) asks for the core trainers'
+    inputs rather than scikit-learn's 2-D X."""
+    if _is_sparse(X):  # scikit-learn's checks refuse it with their message (a DOK matrix is a dict)
+        return False
+    if isinstance(X, dict) or (isinstance(X, tuple) and all(hasattr(a, "shape") for a in X)):
+        return True
+    if hasattr(X, "ndim") and X.ndim != 2 and not hasattr(X, "columns"):
+        return True
+    if isinstance(model, BaseEstimator) or model is None:
+        return False
+    proto = model if isinstance(model, ModelProto) else load_model(model)
+    inits = {i.name for i in proto.graph.initializer}
+    inputs = [vi for vi in proto.graph.input if vi.name not in inits]
+    if len(inputs) != 1:
+        return True
+    tt = inputs[0].type.tensor_type
+    return not (tt.elem_type == TensorProto.FLOAT and len(tt.shape.dim) == 2)
+
+
+def _is_sparse(X: Any) -> bool:
+    return type(X).__module__.startswith("scipy.sparse")
+
+
+def _first_rows(X: Any, n: int) -> Any:
+    """The first n rows of X: an array, a dict of arrays or a tuple of arrays."""
+    if isinstance(X, dict):
+        return {k: v[:n] for k, v in X.items()}
+    if isinstance(X, tuple):
+        return tuple(a[:n] for a in X)
+    return X[:n]
+
+
+def _describe(X: Any) -> str:
+    if isinstance(X, dict):
+        return f"a dict of {sorted(X)}"
+    if isinstance(X, tuple):
+        return f"a tuple of {len(X)} arrays"
+    return f"shape {getattr(X, 'shape', '?')}"
