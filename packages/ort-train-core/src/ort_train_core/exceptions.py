@@ -20,7 +20,16 @@ class TrainingRuntimeError(ImportError):
     """
 
 
-class ConvergenceError(RuntimeError):
+class _StepError(RuntimeError):
+    """An error of a training step, with its epoch and batch (both from 0)."""
+
+    def __init__(self, message: str, epoch: int, batch: int) -> None:
+        super().__init__(message)
+        self.epoch = epoch
+        self.batch = batch
+
+
+class ConvergenceError(_StepError):
     """The training loss became NaN or infinite.
 
     The trainer restored the weights and optimizer state of the last finite state (the end of
@@ -43,13 +52,8 @@ class ConvergenceError(RuntimeError):
         As the parameter.
     """
 
-    def __init__(self, message: str, epoch: int, batch: int) -> None:
-        super().__init__(message)
-        self.epoch = epoch
-        self.batch = batch
 
-
-class TrainingStepError(RuntimeError):
+class TrainingStepError(_StepError):
     """onnxruntime failed while running a training step (a kernel refused a shape or a value).
 
     The message names the node or tensor onnxruntime named, in its words without the C++
@@ -73,11 +77,6 @@ class TrainingStepError(RuntimeError):
     batch : int
         As the parameter.
     """
-
-    def __init__(self, message: str, epoch: int, batch: int) -> None:
-        super().__init__(message)
-        self.epoch = epoch
-        self.batch = batch
 
 
 class ConvergenceWarning(UserWarning):

@@ -310,7 +310,9 @@ class _MarginLoss(BaseLearningLoss):
     positive samples of each binary problem)."""
 
     integer_labels = True
-    class_weight: Sequence[float] | None = None
+
+    def __init__(self, class_weight: Sequence[float] | None = None) -> None:
+        self.class_weight = class_weight
 
     def margin_loss(self, b: NodeBuilder, z: str) -> str:
         raise NotImplementedError
@@ -409,9 +411,6 @@ class ModifiedHuberLearningLoss(_MarginLoss):
         True: the label is a class index (int64, shape ``[N]``).
     """
 
-    def __init__(self, class_weight: Sequence[float] | None = None) -> None:
-        self.class_weight = class_weight
-
     def margin_loss(self, b: NodeBuilder, z: str) -> str:
         u = _relu(b, b.op("Sub", [b.const(1.0, "one"), z]), "hinge")
         excess = _relu(b, b.op("Sub", [u, b.const(2.0, "two")]), "beyond")
@@ -437,9 +436,6 @@ class LogisticLearningLoss(_MarginLoss):
     integer_labels : bool
         True: the label is a class index (int64, shape ``[N]``).
     """
-
-    def __init__(self, class_weight: Sequence[float] | None = None) -> None:
-        self.class_weight = class_weight
 
     def margin_loss(self, b: NodeBuilder, z: str) -> str:
         col = b.op("Unsqueeze", [z, b.int_const([-1])], "margin_pair")

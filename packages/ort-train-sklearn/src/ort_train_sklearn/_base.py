@@ -66,6 +66,19 @@ def _to_float32(name: str, values: Any) -> np.ndarray:
     return cast_checked(name, np.asarray(values), np.dtype(np.float32))
 
 
+def _raveled_column(y: np.ndarray) -> np.ndarray:
+    """A column vector y [n, 1] as [n], with scikit-learn's DataConversionWarning."""
+    if y.ndim != 2 or y.shape[1] != 1:
+        return y
+    warnings.warn(
+        "A column-vector y was passed when a 1d array was expected. Please change the "
+        "shape of y to (n_samples,), for example using ravel().",
+        DataConversionWarning,
+        stacklevel=6,
+    )
+    return y[:, 0]
+
+
 def _n_rows(X: Any) -> int:
     """Rows of X: an array, or a tuple of the arrays of several inputs."""
     return int(X[0].shape[0] if isinstance(X, tuple) else X.shape[0])
@@ -198,28 +211,13 @@ class OrtEstimatorMixin(BaseEstimator):
     # ---- fit ----------------------------------------------------------------------------
     def _prepare_targets(self, y: np.ndarray, first: bool, classes: Any = None) -> tuple[np.ndarray, int]:
         if not self._is_classifier:
-            y = _to_float32("y", y)
-            if y.ndim == 2 and y.shape[1] == 1:
-                warnings.warn(
-                    "A column-vector y was passed when a 1d array was expected. Please change the "
-                    "shape of y to (n_samples,), for example using ravel().",
-                    DataConversionWarning,
-                    stacklevel=5,
-                )
-                y = y[:, 0]
+            y = _raveled_column(_to_float32("y", y))
             n_outputs = 1 if y.ndim == 1 else y.shape[1]
             if first:
                 self._y_ndim = y.ndim
             return (y.reshape(-1, 1) if y.ndim == 1 else y), n_outputs
-        if self._supports_multilabel and y.ndim == 2 and y.shape[1] == 1:
-            # a column of labels is not a multilabel matrix: scikit-learn ravels it and warns
-            warnings.warn(
-                "A column-vector y was passed when a 1d array was expected. Please change the "
-                "shape of y to (n_samples,), for example using ravel().",
-                DataConversionWarning,
-                stacklevel=5,
-            )
-            y = y[:, 0]
+        if self._supports_multilabel:  # a column of labels is not a multilabel matrix
+            y = _raveled_column(y)
         check_classification_targets(y)
         if self._supports_multilabel and (first or getattr(self, "_multilabel", False)):
             multilabel = type_of_target(y) == "multilabel-indicator"
