@@ -11,6 +11,7 @@ from ._io import load_model
 from ._runtime import Device, check_device, parse_device  # importing it checks the runtime
 from ._version import __version__
 from .callbacks import Callback, EarlyStopping, EpochPrinter, ProgressBar
+from .derivative import DerivativeOptions, onnx_derivative
 from .exceptions import (
     ConvergenceError,
     ConvergenceWarning,
@@ -66,6 +67,7 @@ __all__ = [
     "ConvergenceWarning",
     "CrossEntropyLearningLoss",
     "CudaUnavailableError",
+    "DerivativeOptions",
     "Device",
     "EarlyStopping",
     "ElasticLearningLoss",
@@ -100,6 +102,7 @@ __all__ = [
     "initializers_to_inputs",
     "inputs_to_initializers",
     "load_model",
+    "onnx_derivative",
     "ortvalue_from_dlpack",
     "parse_device",
     "prediction_graph",
