@@ -247,3 +247,33 @@ def test_docs_example() -> None:
     block = text.split(".. code-block:: python\n\n", 1)[1].split("\nThe options:", 1)[0]
     code = "\n".join(line[3:] for line in block.splitlines())
     exec(compile(code, "docs/derivative.rst", "exec"), {})
+
+
+def test_skl2onnx_graphs() -> None:
+    """onnxcustom's Loss workflow (a skl2onnx linear regression with add_loss_output), and a
+    classifier whose int64 label output gets no gradient input but is kept by KeepOutputs."""
+    pytest.importorskip("skl2onnx")
+    from skl2onnx import to_onnx
+    from sklearn.linear_model import LinearRegression, LogisticRegression
+
+    from ort_train_core import add_loss_output
+
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((40, 4)).astype(np.float32)
+    y = (x @ [1.0, -2.0, 0.5, 3.0] + 0.3 + rng.standard_normal(40)).astype(np.float32)
+    reg = LinearRegression().fit(x, y)
+    reg.coef_ = reg.coef_.reshape((1, -1)) + 0.5  # away from the optimum: gradients not ~0
+    onx = add_loss_output(to_onnx(reg, x[:1], target_opset=17, black_op={"LinearRegressor"}))
+    grad = onnx_derivative(onx, options=D.Loss, loss="loss", label="label")
+    w, b = reg.coef_.T.astype(np.float32), np.array([reg.intercept_], np.float32)
+    got = _run(grad, {"X": x, "label": y[:, None], "coef": w, "intercept": b})
+    residual = x.astype(np.float64) @ w + b - y[:, None]
+    np.testing.assert_allclose(got["loss"], (residual**2).mean(), rtol=1e-5)
+    np.testing.assert_allclose(got["coef_grad"], 2 * x.T @ residual / len(x), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(got["intercept_grad"], [2 * residual.mean()], rtol=1e-4, atol=1e-6)
+
+    clf = LogisticRegression().fit(x, y > 0)
+    onx = to_onnx(clf, x[:1], target_opset=17, options={"zipmap": False}, black_op={"LinearClassifier"})
+    grad = onnx_derivative(onx, options=D.KeepOutputs)
+    assert [i.name for i in grad.graph.input][-1] == "probabilities_grad"
+    assert [o.name for o in grad.graph.output][:2] == ["label", "probabilities"]
