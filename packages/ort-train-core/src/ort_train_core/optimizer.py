@@ -29,8 +29,11 @@ from .learning_rate import BaseLearningRate
 
 #: On CPU, a fused graph whose batch x trained weight values is at most this runs on one
 #: intra-op thread: its step is dozens of small kernels, and splitting them costs more than it
-#: saves; larger graphs gain from the threads (the limit comes from bench_sklearn.py's MLPs)
-CPU_ONE_THREAD_MAX_WORK = 1_500_000
+#: saves. benchmarks/bench_threads.py (MLPs and small CNNs, docs/benchmarks.md): one thread was
+#: as fast or faster at every size up to 9.2e6 (MLPs) and for every CNN; the thread pool first
+#: won at 2.7e7. Batch x weights stays the measure: a FLOP count makes convolutions look large,
+#: and they gained least from the threads
+CPU_ONE_THREAD_MAX_WORK = 10_000_000
 
 
 MAX_CACHED_FUSED_GRAPHS = 32
