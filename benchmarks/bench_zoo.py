@@ -23,7 +23,8 @@ the scikit-learn route's also its per-fit conversion of the graph. Threads: torc
 which is onnxruntime's default intra-op thread count; ort-train gives a session one thread
 where the fused step's work is small (its own policy). On a machine other processes keep busy,
 torch's threads beyond one can cost it far more than they bring (``--threads 1`` compares one
-thread against onnxruntime's default).
+thread against onnxruntime's default; ``--equal-threads`` gives every onnxruntime session
+torch's thread count too).
 
 A route that fails (an item of issue 17 not done yet) is reported with its error's first line;
 the others still run.
@@ -254,8 +255,14 @@ def markdown(report: dict[str, Any]) -> str:
         "every weight trained. "
         f"Batch {BATCH}, {report['batches_per_epoch']} batches x {report['epochs']} epochs, plain SGD "
         f"(lr {LEARNING_RATE}), best of {report['repeats']} timed runs; torch at "
-        f"{info['torch_threads']} thread(s), onnxruntime at its default ({report['ort_threads']}: one per "
-        "physical core) except where ort-train gives a small fused step one thread. Cells: us/step "
+        f"{info['torch_threads']} thread(s), onnxruntime "
+        + (
+            f"at {report['ort_threads']} thread(s) in every session (--equal-threads). "
+            if report.get("equal_threads")
+            else f"at its default ({report['ort_threads']}: one per physical core) except where ort-train "
+            "gives a small fused step one thread. "
+        )
+        + "Cells: us/step "
         "of torch, then each route's time as a ratio to torch's (lower is faster); 'fails' when the "
         "route cannot train the architecture yet (see below). The 1-minute load average during the "
         f"run: {common.load_text(report['cases'])}",
@@ -290,16 +297,34 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def force_session_threads(threads: int) -> None:
+    """Every onnxruntime session ort-train creates from now on gets ``threads`` intra-op threads
+    (the comparison at equal threads; ort-train's own policy gives small fused steps one)."""
+    from ort_train_core import _binding
+
+    new_session = _binding._new_session
+
+    def patched(model: Any, data: bytes, device: Any, _threads: int | None, reuse_memory: bool) -> Any:
+        return new_session(model, data, device, threads, reuse_memory)
+
+    _binding._new_session = patched  # type: ignore[assignment]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = common.arguments(__doc__, "4 batches x 1 epoch, 2 timed runs (about a minute)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: physical cores)")
     parser.add_argument("--only", nargs="*", default=None, help="architectures to run (default: all)")
+    parser.add_argument(
+        "--equal-threads", action="store_true", help="every onnxruntime session on torch's thread count too"
+    )
     args = parser.parse_args(argv)
     import torch
     import zoo_models as zm
 
     threads = args.threads or physical_cores()
     torch.set_num_threads(threads)
+    if args.equal_threads:
+        force_session_threads(threads)
     n_batches, epochs, repeats = SIZES[args.quick]
     names = [n for n in (args.only or zm.ZOO) if n != "bert" or zm.transformers is not None]
     cases = []
@@ -324,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
         "epochs": epochs,
         "repeats": repeats,
         "learning_rate": LEARNING_RATE,
-        "ort_threads": physical_cores(),
+        "ort_threads": threads if args.equal_threads else physical_cores(),
+        "equal_threads": args.equal_threads,
         "machine": common.machine_info(torch_threads=threads),
         "cases": cases,
     }

@@ -1,6 +1,6 @@
 """Runs every benchmark: the benchmark matrix (``matrix.py``), then the target benchmarks
-``bench_full.py``, ``bench_sklearn.py``, ``bench_torch.py``, ``bench_memory.py`` and
-``bench_zoo.py`` (their ``main(argv)``, with ``--quick`` and ``--out`` forwarded).
+``bench_full.py``, ``bench_sklearn.py``, ``bench_torch.py``, ``bench_memory.py``,
+``bench_zoo.py`` and ``bench_threads.py`` (their ``main(argv)``, with ``--quick`` and ``--out`` forwarded).
 
 Usage: ``python benchmarks/run.py [--quick] [--device cpu|cuda] [--out benchmarks/results]``.
 
@@ -34,7 +34,7 @@ if str(BENCH_DIR) not in sys.path:
 import _common as common  # noqa: E402
 import matrix  # noqa: E402
 
-TARGET_SCRIPTS = ("bench_full", "bench_sklearn", "bench_torch", "bench_memory", "bench_zoo")
+TARGET_SCRIPTS = ("bench_full", "bench_sklearn", "bench_torch", "bench_memory", "bench_zoo", "bench_threads")
 
 
 def run_part(name: str, part: Callable[[], Any]) -> tuple[str, int | str, float]:
