@@ -294,7 +294,7 @@ def test_penalty_on_two_weights(make_linear):
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        pytest.param({"score_name": "hinge"}, ValueError, r"unknown loss 'hinge'", id="unknown-score"),
+        pytest.param({"score_name": "nope"}, ValueError, r"unknown loss 'nope'", id="unknown-score"),
         pytest.param({"label_name": "X"}, ValueError, r"name 'X' is already used", id="label-is-input"),
         pytest.param({"loss_name": "Y"}, ValueError, r"name 'Y' is already used", id="loss-is-output"),
         pytest.param(

@@ -154,7 +154,7 @@ def check_fit_arrays(
         input order. Every array has the same number of rows (first axis).
     y : array-like of shape (n_samples, ...)
         The labels: class indices for an integer label, else values of the label's shape.
-    sample_weight : array-like of shape (n_samples,), optional
+    sample_weight : array-like of shape (n_samples,) or (n_samples, 1), optional
         Weights >= 0, not all zero; ones when the graph has a sample-weight input and none is
         given.
     prefix : str, optional
@@ -338,6 +338,8 @@ def _check_sample_weight(spec: DataSpec, sample_weight: Any, n: int, prefix: str
             "add_loss_output(..., weight_name='weight')"
         )
     wa = _as_numeric(f"{prefix}sample_weight", sample_weight)
+    if wa.ndim == 2 and wa.shape[1] == 1:  # a column, as y may be (onnxcustom took both)
+        wa = wa[:, 0]
     if wa.ndim != 1 or wa.shape[0] != n:
         raise ValueError(f"{prefix}sample_weight must have shape ({n},), got {wa.shape}")
     _check_finite(f"{prefix}sample_weight", wa)

@@ -12,7 +12,7 @@ import signal
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 import numpy as np
 import onnx
@@ -720,21 +720,34 @@ class BaseOrtTrainer(ParamsMixin):
         onnx.checker.check_model(model)
         return model
 
-    def save_onnx_graph(self, folder: str | os.PathLike[str]) -> dict[str, str]:
+    def save_onnx_graph(
+        self, folder: str | os.PathLike[str] | dict[str, bytes] | IO[bytes]
+    ) -> dict[str, Any]:
         """Writes the trained model and every graph the trainer uses.
 
         Parameters
         ----------
-        folder : str or os.PathLike
-            Where to write ``<name>.onnx`` files (created when missing).
+        folder : str, os.PathLike, dict or binary file object
+            A folder: ``<name>.onnx`` files are written there (it is created when missing). A
+            dict: it receives the serialised bytes of each graph by name (as onnxcustom's
+            ``save_onnx_graph`` filled one). A binary stream (``io.BytesIO``, an open file):
+            the trained model is written to it.
 
         Returns
         -------
-        dict of str to str
-            The path of each graph by name (``'trained'`` first).
+        dict
+            By graph name (``'trained'`` first): the path written (a folder), the bytes (a
+            dict, the one given), or the stream (``'trained'`` only).
         """
-        os.makedirs(folder, exist_ok=True)
+        if hasattr(folder, "write"):
+            folder.write(self.get_trained_onnx().SerializeToString())
+            return {"trained": folder}
         graphs = {"trained": self.get_trained_onnx(), **self._graphs_to_save()}
+        if isinstance(folder, dict):
+            for name, model in graphs.items():
+                folder[name] = model.SerializeToString()
+            return folder
+        os.makedirs(folder, exist_ok=True)
         paths = {}
         for name, model in graphs.items():
             path = os.path.join(os.fspath(folder), f"{name}.onnx")

@@ -206,10 +206,10 @@ def add_loss_output(
     onx: ModelProto,
     score_name: str | BaseLearningLoss = "squared_error",
     loss_name: str = "loss",
-    label_name: str = "label",
+    label_name: str | None = None,
     weight_name: str | None = None,
     penalty: Mapping[str, float | Mapping[str, float] | BaseLearningPenalty] | None = None,
-    output_index: int = 0,
+    output_index: int | str = 0,
     reduction: str = "mean",
     **kwargs: Any,
 ) -> ModelProto:
@@ -229,14 +229,18 @@ def add_loss_output(
         ``'perceptron'``, ``'squared_hinge'``, ``'modified_huber'`` on decision values, one
         column or one per class one-vs-rest, int64 labels; ``'huber'``,
         ``'epsilon_insensitive'``, ``'squared_epsilon_insensitive'``), or a loss object.
-    loss_name, label_name : str, default='loss', 'label'
-        The names of the loss output and of the label input.
+    loss_name : str, default='loss'
+        The name of the loss output.
+    label_name : str, optional
+        The name of the label input; by default ``'label'``, or ``'label_1'``, ``'label_2'``...
+        when the graph already uses it (skl2onnx's classifiers output ``'label'``). The name
+        chosen is recorded in the metadata the trainers read (``label_name``).
     weight_name : str, optional
         The name of a sample-weight input (shape ``[N]``) to add; none by default.
     penalty : dict, optional
         By initializer name: ``{'l1': a, 'l2': b}``, a float (L2 only) or a penalty object.
-    output_index : int, default=0
-        The output the loss reads.
+    output_index : int or str, default=0
+        The output the loss reads: its position, or its name.
     reduction : {'mean', 'sum', 'row_mean'}, default='mean'
         How the rows' losses combine (:func:`~ort_train_core.losses.reduce_rows`).
     **kwargs
@@ -259,6 +263,9 @@ def add_loss_output(
         raise TypeError(f"onx must be an onnx.ModelProto, not {type(onx).__name__}")
     loss = _checked_loss(score_name, kwargs)
     model = normalise_model(onx)
+    output_index = _output_position(model, output_index)
+    if label_name is None:
+        label_name = _free_name(all_names(model), "label")
     names = (loss_name, label_name, weight_name)
     pred_shape = _append_loss(model, loss, names, penalty, output_index, reduction)
     _record_loss(model, score_name, loss, names, pred_shape, reduction)
@@ -272,6 +279,28 @@ def _checked_loss(score_name: str | BaseLearningLoss, kwargs: dict[str, Any]) ->
     loss = make_loss(score_name, **kwargs)
     loss.validate()
     return loss
+
+
+def _output_position(model: ModelProto, output: int | str) -> int:
+    """The position of an output given by position or by name."""
+    names = [o.name for o in model.graph.output]
+    if isinstance(output, str):
+        if output not in names:
+            raise ValueError(f"output_index={output!r} is not an output of the graph; outputs: {names}")
+        return names.index(output)
+    if isinstance(output, bool) or not isinstance(output, (int, np.integer)):
+        raise TypeError(f"output_index must be an output's position or name, not {type(output).__name__}")
+    return int(output)
+
+
+def _free_name(taken: set[str], base: str) -> str:
+    """``base``, or ``base_1``, ``base_2``... the first one ``taken`` does not hold."""
+    if base not in taken:
+        return base
+    k = 1
+    while f"{base}_{k}" in taken:
+        k += 1
+    return f"{base}_{k}"
 
 
 def _prediction(model: ModelProto, output_index: int) -> tuple[str, int, list[Any]]:
