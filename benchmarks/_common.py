@@ -29,7 +29,7 @@ import re
 import socket
 import sys
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -294,6 +294,26 @@ def route_notes(notes: Iterable[tuple[str, str, str]]) -> list[str]:
             seen.add((label, note))
             lines.append(f"- {label} ({where}): {note}")
     return lines
+
+
+# ---- threads ------------------------------------------------------------------------------
+def force_session_threads(threads: int) -> Callable[[], None]:
+    """Every onnxruntime session ort-train creates from now on gets ``threads`` intra-op threads
+    (the comparison at equal threads; ort-train's own policy gives small fused steps one).
+    Returns the function that undoes it (benchmarks run one after another in one process)."""
+    from ort_train_core import _binding
+
+    new_session = _binding._new_session
+
+    def patched(model: Any, data: bytes, device: Any, _threads: int | None, reuse_memory: bool) -> Any:
+        return new_session(model, data, device, threads, reuse_memory)
+
+    _binding._new_session = patched  # type: ignore[assignment]
+
+    def undo() -> None:
+        _binding._new_session = new_session  # type: ignore[assignment]
+
+    return undo
 
 
 # ---- memory -------------------------------------------------------------------------------

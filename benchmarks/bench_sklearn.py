@@ -21,7 +21,9 @@ Target (from the issue): ``OrtMLPRegressor.fit`` >= 2x faster than ``MLPRegresso
 final training loss (relative difference <= 5 %), per case.
 
 Run: ``python benchmarks/bench_sklearn.py [--quick] [--out benchmarks/results]``; it writes
-``<host>-<date>-sklearn[-quick].{json,md}``.
+``<host>-<date>-sklearn[-quick].{json,md}``, then runs ``bench_datasets.py`` (the four drop-ins at
+their defaults on scikit-learn's datasets: score and fit-time ratio), which writes
+``<host>-<date>-datasets[-quick].{json,md}``.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from typing import Any
 import numpy as np
 
 import _common as common
+import bench_datasets
 
 SEED = 0
 HIDDEN = (50,)
@@ -318,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown(report)
     print(f"\n{text}")
     common.write_report(args.out, "sklearn", args.quick, report, text)
-    return 0
+    # the four drop-ins at their defaults on scikit-learn's datasets (issue 18): its own files
+    return bench_datasets.main(["--out", str(args.out), *(["--quick"] if args.quick else [])])
 
 
 if __name__ == "__main__":

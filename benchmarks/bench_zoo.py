@@ -297,19 +297,6 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def force_session_threads(threads: int) -> None:
-    """Every onnxruntime session ort-train creates from now on gets ``threads`` intra-op threads
-    (the comparison at equal threads; ort-train's own policy gives small fused steps one)."""
-    from ort_train_core import _binding
-
-    new_session = _binding._new_session
-
-    def patched(model: Any, data: bytes, device: Any, _threads: int | None, reuse_memory: bool) -> Any:
-        return new_session(model, data, device, threads, reuse_memory)
-
-    _binding._new_session = patched  # type: ignore[assignment]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = common.arguments(__doc__, "4 batches x 1 epoch, 2 timed runs (about a minute)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: physical cores)")
@@ -324,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     threads = args.threads or physical_cores()
     torch.set_num_threads(threads)
     if args.equal_threads:
-        force_session_threads(threads)
+        common.force_session_threads(threads)
     n_batches, epochs, repeats = SIZES[args.quick]
     names = [n for n in (args.only or zm.ZOO) if n != "bert" or zm.transformers is not None]
     cases = []

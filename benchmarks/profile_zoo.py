@@ -16,6 +16,7 @@ import warnings
 from collections import Counter
 from typing import Any
 
+import _common as common
 import bench_zoo as bz
 
 
@@ -71,7 +72,7 @@ def main() -> None:
     import ort_train_core as otc
 
     torch.set_num_threads(args.threads)
-    bz.force_session_threads(args.threads)
+    common.force_session_threads(args.threads)
     folder = tempfile.mkdtemp()
     for name in args.only:
         sessions = profiled_sessions(folder)

@@ -86,8 +86,9 @@ CHECKED = [
 ]
 
 SGD_SAMPLE_WEIGHT = (
-    "per-sample SGD is not invariant to repeating samples: a weight of 2 doubles one step, a "
-    "repeated sample takes two (scikit-learn expects SGDRegressor/SGDClassifier to fail it too); "
+    "SGD is not invariant to repeating samples: a weight of 2 doubles one row's step, a repeated "
+    "sample takes two (and, in batches, changes which rows share one); scikit-learn expects "
+    "SGDRegressor/SGDClassifier to fail it too; "
     "test_sgd_regressor_steps_like_sklearn checks the weighted steps against scikit-learn's"
 )
 MLP_SAMPLE_WEIGHT = (
@@ -95,7 +96,7 @@ MLP_SAMPLE_WEIGHT = (
     "(test_mlp_sample_weight_equivalence_in_float32)"
 )
 SGD_UNSCALED = (
-    "the check fits X ~ N(100, 1) unscaled: per-sample SGD at eta0=0.01 diverges (so does "
+    "the check fits X ~ N(100, 1) unscaled: SGD at eta0=0.01 per sample diverges (so does "
     "SGDRegressor, which only clips its loss gradient at 1e12), our float32 loss overflows and "
     "fit raises ConvergenceError; test_unscaled_check_data_diverges shows both and runs the check "
     "with a step size that suits the data"
@@ -192,8 +193,8 @@ def test_sgd_regressor_steps_like_sklearn(
 ) -> None:
     """Per-sample SGD (batch_size=1), rows in order, constant step: scikit-learn's update
     w <- (1 - eta alpha) w - eta s_i (w.x_i + b - y_i) x_i, sample weight s_i included.
-    (Its 'invscaling' and 'optimal' schedules decay per sample, ours per epoch; its l1 penalty
-    is the truncated gradient, ours the subgradient.)"""
+    (The schedules: test_sgd_losses_sklearn.py; its l1 penalty is the truncated gradient, ours
+    the subgradient.)"""
     X, y, sw = _linear_data()
     params: dict[str, Any] = dict(
         learning_rate="constant",
@@ -206,7 +207,7 @@ def test_sgd_regressor_steps_like_sklearn(
         fit_intercept=fit_intercept,
     )
     weights = sw if weighted else None
-    ours = OrtSGDRegressor(training=training, **params).fit(X, y, sample_weight=weights)
+    ours = OrtSGDRegressor(training=training, batch_size=1, **params).fit(X, y, sample_weight=weights)
     reference = SGDRegressor(**params).fit(X, y, sample_weight=weights)
     np.testing.assert_allclose(ours.coef_, reference.coef_, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(ours.intercept_, reference.intercept_, rtol=1e-5, atol=1e-6)
@@ -223,7 +224,9 @@ def test_sgd_loss_curve_is_the_weighted_objective(training: str) -> None:
         losses.append(s_i * d * d / 2)
         w, b = w - eta0 * s_i * d * x_i, b - eta0 * s_i * d
     params: dict[str, Any] = dict(learning_rate="constant", eta0=eta0, max_iter=1, tol=None, shuffle=False)
-    ours = OrtSGDRegressor(penalty=None, training=training, **params).fit(X, y, sample_weight=sw)
+    ours = OrtSGDRegressor(penalty=None, training=training, batch_size=1, **params).fit(
+        X, y, sample_weight=sw
+    )
     np.testing.assert_allclose(ours.coef_, w, rtol=1e-5, atol=1e-6)  # the steps are right
     np.testing.assert_allclose(ours.loss_curve_[0], np.mean(losses), rtol=1e-5)
 
@@ -236,7 +239,8 @@ def test_sgd_classifier_steps_like_sklearn(training: str) -> None:
     params: dict[str, Any] = dict(
         learning_rate="constant", eta0=0.05, max_iter=3, tol=None, shuffle=False, penalty="l2", alpha=0.01
     )
-    ours = OrtSGDClassifier(loss="log_loss", training=training, **params).fit(X, labels, sample_weight=sw)
+    ours = OrtSGDClassifier(loss="log_loss", training=training, batch_size=1, **params)
+    ours.fit(X, labels, sample_weight=sw)
     reference = SGDClassifier(loss="log_loss", **params).fit(X, labels, sample_weight=sw)
     np.testing.assert_allclose(ours.coef_, reference.coef_, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(ours.intercept_, reference.intercept_, rtol=1e-5, atol=1e-6)

@@ -19,6 +19,8 @@ from sklearn.preprocessing import scale
 from ort_train_sklearn import OrtSGDClassifier, OrtSGDRegressor
 
 COMMON = dict(penalty=None, learning_rate="constant", eta0=0.01, shuffle=False, max_iter=3, tol=None)
+#: scikit-learn's per-sample steps: one row per step (the default 'auto' takes several)
+ONE = dict(batch_size=1)
 
 
 def _fit_both(ours: Any, theirs: Any, X: np.ndarray, y: np.ndarray, **fit: Any) -> tuple[Any, Any]:
@@ -41,7 +43,9 @@ def _three_classes() -> tuple[np.ndarray, np.ndarray]:
 @pytest.mark.parametrize("data", [_binary, _three_classes], ids=["binary", "ovr"])
 def test_classifier_steps_as_scikit_learn(loss: str, data: Any) -> None:
     X, y = data()
-    ours, theirs = _fit_both(OrtSGDClassifier(loss=loss, **COMMON), SGDClassifier(loss=loss, **COMMON), X, y)
+    ours, theirs = _fit_both(
+        OrtSGDClassifier(loss=loss, **ONE, **COMMON), SGDClassifier(loss=loss, **COMMON), X, y
+    )
     np.testing.assert_allclose(ours.coef_, theirs.coef_, rtol=2e-4, atol=2e-5)
     np.testing.assert_allclose(ours.intercept_, theirs.intercept_, rtol=2e-4, atol=2e-5)
     np.testing.assert_array_equal(ours.predict(X), theirs.predict(X))
@@ -56,7 +60,7 @@ def test_regressor_steps_as_scikit_learn(loss: str) -> None:
     X, y = make_regression(n_samples=100, n_features=4, noise=5.0, random_state=1)
     X, y = scale(X), y / y.std()
     params = dict(loss=loss, epsilon=0.2, **COMMON)
-    ours, theirs = _fit_both(OrtSGDRegressor(**params), SGDRegressor(**params), X, y)
+    ours, theirs = _fit_both(OrtSGDRegressor(**ONE, **params), SGDRegressor(**params), X, y)
     np.testing.assert_allclose(ours.coef_, theirs.coef_, rtol=2e-4, atol=2e-5)
     np.testing.assert_allclose(ours.intercept_, theirs.intercept_, rtol=2e-4, atol=2e-5)
 
@@ -67,8 +71,35 @@ def test_class_weight_as_scikit_learn(class_weight: Any) -> None:
     keep = np.r_[0:50, 50:70, 100:150]  # unbalanced: 'balanced' differs from equal weights
     X, y = X[keep], y[keep]
     params = dict(loss="hinge", class_weight=class_weight, **COMMON)
-    ours, theirs = _fit_both(OrtSGDClassifier(**params), SGDClassifier(**params), X, y)
+    ours, theirs = _fit_both(OrtSGDClassifier(**ONE, **params), SGDClassifier(**params), X, y)
     np.testing.assert_allclose(ours.coef_, theirs.coef_, rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize(
+    ("estimator", "reference", "params"),
+    [
+        (OrtSGDRegressor, SGDRegressor, dict(learning_rate="invscaling", eta0=0.02, power_t=0.3)),
+        (OrtSGDRegressor, SGDRegressor, dict(learning_rate="optimal", alpha=0.05)),
+        (OrtSGDClassifier, SGDClassifier, dict(loss="hinge", learning_rate="optimal", alpha=0.05)),
+        (OrtSGDClassifier, SGDClassifier, dict(loss="log_loss", learning_rate="invscaling", eta0=0.1)),
+    ],
+    ids=["regressor-invscaling", "regressor-optimal", "hinge-optimal", "log_loss-invscaling"],
+)
+def test_schedules_count_samples_as_scikit_learn(estimator: Any, reference: Any, params: Any) -> None:
+    """scikit-learn's schedules decay per sample over the epochs (t from 1), and 'optimal' starts
+    at its heuristic rate 1 / alpha ** 0.25, not at eta0: the per-sample steps with the l2
+    penalty give scikit-learn's weights after 4 epochs, on two and three classes."""
+    common = dict(penalty="l2", shuffle=False, max_iter=4, tol=None, **params)
+    if estimator is OrtSGDRegressor:
+        X, y = make_regression(n_samples=60, n_features=4, noise=5.0, random_state=1)
+        datasets = [(scale(X), y / y.std())]
+    else:
+        datasets = [_binary(), _three_classes()]
+    for X, y in datasets:
+        ours, theirs = _fit_both(estimator(**ONE, **common), reference(**common), X, y)
+        np.testing.assert_allclose(ours.coef_, theirs.coef_, rtol=2e-4, atol=2e-5)
+        np.testing.assert_allclose(ours.intercept_, theirs.intercept_, rtol=2e-4, atol=2e-5)
+        assert ours.t_ == theirs.t_
 
 
 def test_multinomial_needs_the_log_loss() -> None:

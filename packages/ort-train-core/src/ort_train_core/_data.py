@@ -489,7 +489,7 @@ class BatchStore:
         s, e = self.bounds[batch]
         for src, buf in zip(self.sources, self.buffers):
             # mode='clip': the order is a permutation; the default 'raise' copies `out` first
-            np.take(src, order[s:e], axis=0, out=buf[: e - s], mode="clip")
+            src.take(order[s:e], axis=0, out=buf[: e - s], mode="clip")
 
     def batch_totals(self, weights: np.ndarray | None, order: np.ndarray | None) -> np.ndarray:
         """Each batch's total sample weight (its weight in the epoch's mean loss)."""

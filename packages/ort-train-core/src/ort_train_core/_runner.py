@@ -68,6 +68,9 @@ class DoubleBufferedRunner:
             for w in self.weight_names
         }
         self.n_steps = state.n_steps
+        #: rows read by the steps so far, and the rows of each batch (per-sample schedules)
+        self.n_samples = state.n_samples
+        self.batch_rows = [e - s for s, e in store.bounds]
         #: the data and each batch's loss stay on the device (CUDA): a batch's loss waits in its
         #: own device scalar until epoch_losses() reads them all at the end of the epoch, so a
         #: step never waits for the device to hand a number back; step() then returns 0.0
@@ -134,11 +137,22 @@ class DoubleBufferedRunner:
             raw_in(s_in, self.buffers[s_in][parity].ortvalue)
             raw_out(s_out, self.buffers[s_in][1 - parity].ortvalue)
 
-    def _write_scalars(self) -> None:
-        for host, value in zip(self.scalar_host, self.lr.scalar_values(self.epoch, self.n_steps + 1)):
+    def _write_scalars(self, n_rows: int = 1) -> None:
+        values = self.lr.scalar_values(self.epoch, self.n_steps + 1, self.n_samples, n_rows)
+        for host, value in zip(self.scalar_host, values):
             host[()] = value
         for dev, host in zip(self.scalar_device, self.scalar_host):
             dev.write(host)
+
+    def before_step(self, batch: int) -> None:
+        """Writes the scalars of the coming step where they change at every step."""
+        if self.per_step_scalars:
+            self._write_scalars(self.batch_rows[batch])
+
+    def after_step(self, batch: int) -> None:
+        """Counts the step and its rows."""
+        self.n_steps += 1
+        self.n_samples += self.batch_rows[batch]
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -150,6 +164,7 @@ class DoubleBufferedRunner:
             {w: buffers[p].read() for w, buffers in self.buffers.items()},
             {w: [s[p].read() for s in self.states[w]] for w in self.weight_names if self.states[w]},
             self.n_steps,
+            self.n_samples,
         )
 
     def restore(self, state: TrainingState) -> None:
@@ -160,6 +175,7 @@ class DoubleBufferedRunner:
             for j, s in enumerate(self.states[w]):
                 s[p].write(state.optimizer[w][j])
         self.n_steps = state.n_steps
+        self.n_samples = state.n_samples
 
     def validation_loss(self) -> float:
         for w, buffers in self.buffers.items():

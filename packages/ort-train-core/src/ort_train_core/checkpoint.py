@@ -77,16 +77,19 @@ class TrainingState:
         SGD.
     n_steps : int, optional
         The steps taken so far (Adam's bias corrections count them).
+    n_samples : int, optional
+        The rows those steps read (per-sample learning-rate schedules count them).
 
     Attributes
     ----------
-    weights, optimizer, n_steps
+    weights, optimizer, n_steps, n_samples
         As given.
     """
 
     weights: dict[str, np.ndarray]
     optimizer: dict[str, list[np.ndarray]] = field(default_factory=dict)
     n_steps: int = 0
+    n_samples: int = 0
 
     def copy(self) -> TrainingState:
         """A deep copy: new arrays, the same values.
@@ -100,6 +103,7 @@ class TrainingState:
             {k: v.copy() for k, v in self.weights.items()},
             {k: [a.copy() for a in v] for k, v in self.optimizer.items()},
             self.n_steps,
+            self.n_samples,
         )
 
 
@@ -442,6 +446,7 @@ def save_training(
         "weights": names,
         "n_states": n_states,
         "n_steps": int(state.n_steps),
+        "n_samples": int(state.n_samples),
         "n_iter_": int(progress.n_iter),
         "train_losses_": [float(v) for v in progress.train_losses],
         "validation_losses_": [float(v) for v in progress.validation_losses],
@@ -490,11 +495,13 @@ def load_training(
         if states:
             optimizer[name] = states
     n_steps, n_iter = int(meta["n_steps"]), int(meta["n_iter_"])
-    if n_steps < 0 or n_iter < 0:
+    # checkpoints written before per-sample schedules hold no sample count
+    n_samples = int(meta.get("n_samples", 0))
+    if n_steps < 0 or n_iter < 0 or n_samples < 0:
         raise ValueError(f"{path} holds negative step or epoch counts")
     signature = meta.get("lr_signature")
     return TrainingProgress(
-        TrainingState(weights, optimizer, n_steps),
+        TrainingState(weights, optimizer, n_steps, n_samples),
         n_iter,
         [float(v) for v in meta["train_losses_"]],
         [float(v) for v in meta["validation_losses_"]],

@@ -285,6 +285,13 @@ def _relu(b: NodeBuilder, x: str, hint: str) -> str:
     return b.op("Relu", [x], hint)
 
 
+def _cell(b: NodeBuilder, value: float, hint: str) -> str:
+    """A ``[1, 1]`` constant for the 2-D tensors of the margin losses: onnxruntime's CPU
+    broadcast of a 0-d constant against ``[N, 1]`` walks N spans of one element (about 10 us
+    per 1000 rows and node), against ``[1, 1]`` one span."""
+    return b.const(np.full((1, 1), value), hint)
+
+
 def _signed_labels(b: NodeBuilder, label: str, pred_shape: list[int | None]) -> str:
     """Class indices as scikit-learn's SGD targets ``y`` in {-1, +1}, shaped like the
     prediction: one column (binary: +1 for class 1), or one per class (one-vs-rest: +1 in the
@@ -296,8 +303,8 @@ def _signed_labels(b: NodeBuilder, label: str, pred_shape: list[int | None]) -> 
         raise ValueError("a one-vs-rest loss needs the number of classes (the prediction's dim 1)")
     else:
         y01 = _one_hot(b, label, n_cols)
-    two = b.op("Mul", [y01, b.const(2.0, "two")], "two_y")
-    return b.op("Sub", [two, b.const(1.0, "one")], "y_pm1")
+    two = b.op("Mul", [y01, _cell(b, 2.0, "two")], "two_y")
+    return b.op("Sub", [two, _cell(b, 1.0, "one")], "y_pm1")
 
 
 class _MarginLoss(BaseLearningLoss):
@@ -369,8 +376,8 @@ class HingeLearningLoss(_MarginLoss):
         # threshold (z <= threshold), and per-sample SGD from zero weights starts there (the
         # perceptron's z = 0); Relu's gradient at 0 would never move the weights. The mask is a
         # comparison, a constant for the gradient.
-        h = b.op("Sub", [b.const(self.threshold, "threshold"), z], "below")
-        active = b.cast(b.op("GreaterOrEqual", [h, b.const(0.0, "zero")], "active_bool"), hint="active")
+        h = b.op("Sub", [_cell(b, self.threshold, "threshold"), z], "below")
+        active = b.cast(b.op("GreaterOrEqual", [h, _cell(b, 0.0, "zero")], "active_bool"), hint="active")
         return b.op("Mul", [h, active], "hinge")
 
 
@@ -391,7 +398,7 @@ class SquaredHingeLearningLoss(HingeLearningLoss):
     """
 
     def margin_loss(self, b: NodeBuilder, z: str) -> str:
-        h = _relu(b, b.op("Sub", [b.const(self.threshold, "threshold"), z]), "hinge")
+        h = _relu(b, b.op("Sub", [_cell(b, self.threshold, "threshold"), z]), "hinge")
         return b.op("Mul", [h, h], "squared_hinge")
 
 
@@ -412,10 +419,10 @@ class ModifiedHuberLearningLoss(_MarginLoss):
     """
 
     def margin_loss(self, b: NodeBuilder, z: str) -> str:
-        u = _relu(b, b.op("Sub", [b.const(1.0, "one"), z]), "hinge")
-        excess = _relu(b, b.op("Sub", [u, b.const(2.0, "two")]), "beyond")
+        u = _relu(b, b.op("Sub", [_cell(b, 1.0, "one"), z]), "hinge")
+        excess = _relu(b, b.op("Sub", [u, _cell(b, 2.0, "two")]), "beyond")
         v = b.op("Sub", [u, excess], "hinge_capped")
-        linear = b.op("Mul", [excess, b.const(4.0, "four")], "linear_part")
+        linear = b.op("Mul", [excess, _cell(b, 4.0, "four")], "linear_part")
         return b.op("Add", [b.op("Mul", [v, v]), linear], "modified_huber")
 
 

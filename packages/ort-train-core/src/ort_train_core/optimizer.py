@@ -357,9 +357,8 @@ class _FusedRunner(DoubleBufferedRunner):
 
     def step(self, batch: int) -> float:
         run, b = self.step_bindings[self.parity][batch] or self._step_binding(batch)
-        if self.per_step_scalars:
-            self._write_scalars()
+        self.before_step(batch)
         run(b, None)
         self.parity ^= 1
-        self.n_steps += 1
+        self.after_step(batch)
         return 0.0 if self.device_resident else float(self.loss_host)

@@ -527,13 +527,12 @@ class _PartialRunner(DoubleBufferedRunner):
         run_loss(loss_binding, None)
         pair.run_backward(self.output_grads[size], self.weight_grad_vector, state)
         run_update, update_binding = self.update_bindings[self.parity]
-        if self.per_step_scalars:
-            self._write_scalars()
+        self.before_step(batch)
         if self.device_resident and self.update_sig.penalty is not None:
             update_binding.bind_ortvalue_output(self.update_sig.penalty, self.batch_penalties[batch].ortvalue)
         run_update(update_binding, None)
         self.parity ^= 1
-        self.n_steps += 1
+        self.after_step(batch)
         if self.device_resident:
             return 0.0
         return float(self.loss_host) + float(self.penalty_host)

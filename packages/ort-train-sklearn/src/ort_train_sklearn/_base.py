@@ -193,6 +193,11 @@ class OrtEstimatorMixin(BaseEstimator):
         """Our objective over the loss scikit-learn reports (``loss_curve_``, ``tol``)."""
         return scale
 
+    def _tol_columns(self, n_outputs: int) -> int:
+        """How many problems of scikit-learn's the loss sums, each stopping on ``tol`` on its
+        own (one-vs-rest SGD: one per class); the trainer stops on ``tol`` times that."""
+        return 1
+
     def _learning_rate(self, scale: float) -> BaseLearningRate:
         raise NotImplementedError
 
@@ -349,7 +354,9 @@ class OrtEstimatorMixin(BaseEstimator):
             self._trainer = self._make_trainer(model, _n_rows(X), n_outputs, rng, mean_weight)
         trainer = self._trainer
         trainer.max_iter = 1 if incremental else self.max_iter
-        trainer.tol = None if incremental or self.tol is None else self.tol * self._report_scale
+        trainer.tol = (
+            None if incremental or self.tol is None else self.tol * self._report_scale * self._tol_scale
+        )
         trainer.n_iter_no_change = self.n_iter_no_change
         trainer.shuffle = self.shuffle
         scoring = None
@@ -497,6 +504,7 @@ class OrtEstimatorMixin(BaseEstimator):
         score, learning_loss, scale = self._loss(n_outputs)
         self._scale = scale
         self._report_scale = self._reported_scale(n_outputs, scale)
+        self._tol_scale = self._tol_columns(n_outputs)
         self._raw_model = model
         weights = self._trained_weights(model)
         batch = self._batch_size(n_samples)

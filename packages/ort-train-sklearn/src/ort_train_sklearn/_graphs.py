@@ -128,7 +128,18 @@ def _head_nodes(g: Any, output: str, n_cols: int, kind: str) -> tuple[list[Any],
             helper.make_node("Mul", ["head_shift", "head_half"], ["head_p"]),
         ]
         g.initializer.append(numpy_helper.from_array(np.array(1.0, dtype=np.float32), "head_one_c"))
-    else:  # a sigmoid per column
+    elif n_cols > 1:
+        # sigmoids normalised per row are the softmax of the log-sigmoids, -softplus(-d): in
+        # float32 the sigmoids of a row of large negative decision values underflow to 0 (and
+        # their ratios with them), the softmax keeps them
+        nodes += [
+            helper.make_node("Neg", [output], ["head_neg"]),
+            helper.make_node("Softplus", ["head_neg"], ["head_softplus"]),
+            helper.make_node("Neg", ["head_softplus"], ["head_log_sigmoid"]),
+            helper.make_node("Softmax", ["head_log_sigmoid"], [name], axis=1),
+        ]
+        return nodes, name
+    else:  # a sigmoid
         nodes.append(helper.make_node("Sigmoid", [output], ["head_p"]))
     if n_cols == 1:
         _binary_pair(nodes, g, "head_p", name)
@@ -202,7 +213,18 @@ def classifier_head(model: ModelProto, output: str, classes: np.ndarray, kind: s
         return _multilabel_head(out, output, len(classes))
     n_cols = 1 if len(classes) == 2 else len(classes)
     nodes, second = _head_nodes(g, output, n_cols, kind)
-    nodes.append(helper.make_node("ArgMax", [second], ["head_index"], axis=1, keepdims=0))
+    # the label from the decision values, as predict: probabilities saturate in float32 (two
+    # classes at 1.0, clipped modified Huber scores) and their ArgMax would break the tie
+    if n_cols == 1:
+        g.initializer.append(numpy_helper.from_array(np.array(0.0, dtype=np.float32), "head_threshold"))
+        g.initializer.append(numpy_helper.from_array(np.array([1], dtype=np.int64), "head_column"))
+        nodes += [
+            helper.make_node("Greater", [output, "head_threshold"], ["head_positive"]),
+            helper.make_node("Squeeze", ["head_positive", "head_column"], ["head_positive_1d"]),
+            helper.make_node("Cast", ["head_positive_1d"], ["head_index"], to=TensorProto.INT64),
+        ]
+    else:
+        nodes.append(helper.make_node("ArgMax", [output], ["head_index"], axis=1, keepdims=0))
     if classes.dtype.kind in "iu":
         cls = numpy_helper.from_array(classes.astype(np.int64), "head_classes")
         label_type = TensorProto.INT64
@@ -264,7 +286,8 @@ def probabilities(logits: np.ndarray, log: bool = False) -> np.ndarray:
 def ovr_probabilities(decision: np.ndarray, kind: str) -> np.ndarray:
     """scikit-learn's SGDClassifier probabilities from one-vs-rest decision values, in float64:
     the sigmoid of each column (``'ovr_logistic'``, log_loss) or ``(clip(d, -1, 1) + 1) / 2``
-    (``'modified_huber'``), normalised per row (a row of zeros becomes uniform); a binary
+    (``'modified_huber'``), normalised per row (a row of zeros becomes uniform; the sigmoids
+    through the softmax of their logarithms, which stays finite where they underflow); a binary
     model's one column ``p`` is the pair ``[1 - p, p]``.
 
     Parameters
@@ -280,6 +303,13 @@ def ovr_probabilities(decision: np.ndarray, kind: str) -> np.ndarray:
         Probabilities.
     """
     d = np.asarray(decision, dtype=np.float64)
+    if kind != "modified_huber" and d.shape[1] > 1:
+        # the normalised sigmoids as the softmax of the log-sigmoids (the graph's formula): the
+        # same values, and no 0 / 0 where every sigmoid of a row underflows
+        log_p = -np.logaddexp(0.0, -d)
+        e = np.exp(log_p - log_p.max(axis=1, keepdims=True))
+        normalised: np.ndarray = e / e.sum(axis=1, keepdims=True)
+        return normalised
     p = (np.clip(d, -1, 1) + 1) / 2 if kind == "modified_huber" else 0.5 * (1 + np.tanh(d / 2))
     if p.shape[1] == 1:
         return np.column_stack([1 - p[:, 0], p[:, 0]])

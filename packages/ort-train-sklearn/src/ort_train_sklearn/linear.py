@@ -1,8 +1,10 @@
 """SGD linear models: scikit-learn's SGDRegressor / SGDClassifier parameters, trained by
-onnxruntime. ``batch_size=1`` (the default) is per-sample SGD as scikit-learn does it."""
+onnxruntime. Schedules count samples as scikit-learn's; ``batch_size=1`` is per-sample SGD as
+scikit-learn does it, the default ``'auto'`` about 32 steps per epoch (16 to 1024 rows)."""
 
 from __future__ import annotations
 
+import math
 from numbers import Integral, Real
 from typing import Any
 
@@ -25,6 +27,12 @@ from ort_train_core.losses import make_loss
 from ._base import _COMMON_CONSTRAINTS, OrtClassifierMixin, OrtEstimatorMixin, OrtRegressorMixin
 from ._docs import Entry, fill_doc
 from ._graphs import dense_graph, layer_names, ovr_probabilities
+
+#: batch_size='auto': about this many steps per epoch, within [AUTO_BATCH_MIN, AUTO_BATCH_MAX]
+#: rows (and at most the data)
+AUTO_BATCH_STEPS = 32
+AUTO_BATCH_MIN = 16
+AUTO_BATCH_MAX = 1024
 
 #: scikit-learn's SGDRegressor losses
 _REGRESSION_LOSSES = (
@@ -50,13 +58,19 @@ _SGD_ENTRIES: dict[str, Entry] = {
     "fit_intercept": ("bool", "Whether to train the intercept (otherwise it stays 0)."),
     "learning_rate": (
         "{'constant', 'optimal', 'invscaling'}",
-        "The step size at epoch t (from 0): ``eta0`` ('constant'), ``eta0 / (t + 1) ** power_t``\n"
-        "('invscaling') or ``eta0 / (1 + alpha * eta0 * t)`` ('optimal').",
+        "The step size of sample t (from 1, counted over epochs as scikit-learn's ``t_``):\n"
+        "``eta0`` ('constant'), ``eta0 / t ** power_t`` ('invscaling') or\n"
+        "``1 / (alpha (t0 + t - 1))`` ('optimal', ``t0`` from scikit-learn's heuristic, ``eta0``\n"
+        "unused). A batch of ``B`` rows steps with the sum of its rows' step sizes times its mean\n"
+        "gradient: scikit-learn's ``B`` per-sample steps to first order, the same steps for ``B = 1``.",
     ),
     "eta0": ("float", "The initial learning rate, for scikit-learn's loss scale."),
     "batch_size": (
-        "int",
-        "Rows per step; 1 is per-sample SGD as scikit-learn does it. A sample weight scales\nits row's step.",
+        "int or 'auto'",
+        "Rows per step. 1 is per-sample SGD, scikit-learn's steps exactly (one onnxruntime run per\n"
+        "row: slow). 'auto' (the default) takes ``n_samples // 32`` rows, at least 16 and at most\n"
+        "1024 (and the data): about 32 steps per epoch, which reached scikit-learn's test scores on\n"
+        "its datasets (``benchmarks/bench_datasets.py``). A sample weight scales its row's step.",
     ),
     # in the signature's order, after loss
     "sgd_parameters": (
@@ -83,7 +97,7 @@ class _OrtSGDBase(OrtEstimatorMixin):
         "learning_rate": [StrOptions({"constant", "optimal", "invscaling"})],
         "eta0": [Interval(Real, 0, None, closed="neither")],
         "power_t": [Interval(Real, None, None, closed="neither")],
-        "batch_size": [Interval(Integral, 1, None, closed="left")],
+        "batch_size": [Interval(Integral, 1, None, closed="left"), StrOptions({"auto"})],
     }
 
     def _initial_graph(self, n_features: int, n_outputs: int, rng: np.random.RandomState) -> ModelProto:
@@ -97,13 +111,25 @@ class _OrtSGDBase(OrtEstimatorMixin):
     def _penalized_weights(self, model: ModelProto) -> list[str]:
         return [layer_names(1)[0][0]]
 
+    def _initial_eta(self) -> float:
+        """The learning rate of the first sample, scikit-learn's: ``eta0``, or for 'optimal' its
+        heuristic ``typw / max(1, dloss(1, -typw))``, ``typw = alpha ** -0.25``; ``dloss`` is
+        <= 0 there for each of its losses, so that is ``typw``."""
+        if self.learning_rate != "optimal":
+            return float(self.eta0)
+        if self.alpha == 0:
+            raise ValueError("alpha must be > 0 with learning_rate='optimal' (its step is 1 / (alpha t))")
+        return math.pow(float(self.alpha), -0.25)
+
     def _learning_rate(self, scale: float) -> BaseLearningRate:
+        # scikit-learn's schedules count samples (t_ from 1): per_sample, whatever the batch;
         # our gradient is `scale` times scikit-learn's: the same step needs eta0 / scale
         return LearningRateSGD(
-            eta0=self.eta0 / scale,
+            eta0=self._initial_eta() / scale,
             alpha=self.alpha * scale,
             power_t=self.power_t,
             learning_rate=self.learning_rate,
+            per_sample=True,
         )
 
     def _penalty(self, scale: float, batch_weight: float) -> tuple[float, float]:
@@ -114,6 +140,11 @@ class _OrtSGDBase(OrtEstimatorMixin):
         return scale * self.alpha * ratio, scale * self.alpha * (1 - ratio) / 2
 
     def _batch_size(self, n_samples: int) -> int:
+        if self.batch_size == "auto":
+            # a step costs tens of microseconds whatever its rows: few steps; but batches much
+            # larger than 1/32 of the data need more epochs to reach scikit-learn's tol (measured
+            # in benchmarks/bench_datasets.py), which costs more than the steps save
+            return min(n_samples, AUTO_BATCH_MAX, max(AUTO_BATCH_MIN, n_samples // AUTO_BATCH_STEPS))
         return min(int(self.batch_size), n_samples)
 
     def _store_weights(self, weights: dict[str, np.ndarray]) -> None:
@@ -195,7 +226,7 @@ class OrtSGDRegressor(OrtRegressorMixin, RegressorMixin, _OrtSGDBase):
         validation_fraction: float = 0.1,
         n_iter_no_change: int = 5,
         warm_start: bool = False,
-        batch_size: int = 1,
+        batch_size: int | str = "auto",
         device: str = "cpu",
         training: str = "full",
         checkpoint_dir: str | None = None,
@@ -302,7 +333,7 @@ class OrtSGDClassifier(OrtClassifierMixin, ClassifierMixin, _OrtSGDBase):
         validation_fraction: float = 0.1,
         n_iter_no_change: int = 5,
         warm_start: bool = False,
-        batch_size: int = 1,
+        batch_size: int | str = "auto",
         device: str = "cpu",
         training: str = "full",
         checkpoint_dir: str | None = None,
@@ -366,6 +397,11 @@ class OrtSGDClassifier(OrtClassifierMixin, ClassifierMixin, _OrtSGDBase):
         # two classes (or the multinomial loss): each row's weight times its class's weight
         per_row = weights[y_enc].astype(np.float32)
         return X, y_enc, per_row if sw is None else sw * per_row, n_outputs
+
+    def _tol_columns(self, n_outputs: int) -> int:
+        # scikit-learn fits one binary problem per class, each stopping when its own mean loss
+        # stops improving by tol; the one-vs-rest loss here sums the classes' losses
+        return n_outputs if self.multi_class == "ovr" else 1
 
     def _probability_kind(self) -> str | None:
         """scikit-learn's probability model of the loss, None where it has none."""

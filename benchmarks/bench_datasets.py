@@ -1,0 +1,232 @@
+"""Dataset benchmark: the four drop-ins at their default parameters against scikit-learn's
+estimators at theirs, on scikit-learn's datasets: test score and fit-time ratio.
+
+Datasets: iris, wine, breast_cancer, digits and ``make_classification(100_000, 50,
+n_informative=10)`` for the classifiers (``OrtSGDClassifier`` / ``SGDClassifier``,
+``OrtMLPClassifier`` / ``MLPClassifier``); diabetes and ``make_friedman1(5000, noise=1)`` for
+the regressors (``OrtSGDRegressor`` / ``SGDRegressor``, ``OrtMLPRegressor`` / ``MLPRegressor``).
+Each seed draws a 25 % test split (stratified for classifiers), standardises the features on
+the training rows, and fits both estimators with ``random_state=seed`` and nothing else set
+(the convergence warnings of ``max_iter`` are silenced). One thread each: scikit-learn's BLAS
+pools limited by threadpoolctl, every onnxruntime session of ort-train forced to one intra-op
+thread (:func:`_common.force_session_threads`).
+
+Reported per dataset and estimator: the mean test score (accuracy, R²) of each over the seeds,
+their difference, the mean ``n_iter_``, and the fit-time ratio ours / scikit-learn's (the sum
+of fit times over the seeds; < 1 is faster). A fit of ours includes its setup (graph, sessions;
+the first fit of a shape in the process builds them, later ones reuse the caches); each pair
+is preceded by one untimed warm-up fit of each on the first 500 training rows.
+
+Run: ``python benchmarks/bench_datasets.py [--quick] [--out benchmarks/results]``; it writes
+``<host>-<date>-datasets[-quick].{json,md}``; ``bench_sklearn.py`` runs it too.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import _common as common
+
+SEEDS = (0, 1, 2)
+#: the untimed warm-up fit of each estimator takes the first rows of the training set
+WARM_UP_ROWS = 500
+#: (name, task): :func:`load` gives (X, y)
+DATASETS: tuple[tuple[str, str], ...] = (
+    ("iris", "classification"),
+    ("wine", "classification"),
+    ("breast_cancer", "classification"),
+    ("digits", "classification"),
+    ("make_classification_100k_50", "classification"),
+    ("diabetes", "regression"),
+    ("friedman1_5000", "regression"),
+)
+#: --quick: these datasets, one seed
+QUICK_DATASETS = ("iris", "breast_cancer", "digits", "diabetes", "friedman1_5000")
+
+
+def load(name: str) -> tuple[np.ndarray, np.ndarray]:
+    from sklearn import datasets
+
+    if name == "make_classification_100k_50":
+        return datasets.make_classification(100_000, 50, n_informative=10, random_state=0)
+    if name == "friedman1_5000":
+        return datasets.make_friedman1(5000, noise=1.0, random_state=0)
+    X, y = getattr(datasets, f"load_{name}")(return_X_y=True)
+    return X, y
+
+
+def estimators(task: str) -> dict[str, tuple[Callable[..., Any], Callable[..., Any]]]:
+    """(ours, scikit-learn's) constructors per estimator name."""
+    from sklearn.linear_model import SGDClassifier, SGDRegressor
+    from sklearn.neural_network import MLPClassifier, MLPRegressor
+
+    from ort_train_sklearn import OrtMLPClassifier, OrtMLPRegressor, OrtSGDClassifier, OrtSGDRegressor
+
+    if task == "classification":
+        return {
+            "SGDClassifier": (OrtSGDClassifier, SGDClassifier),
+            "MLPClassifier": (OrtMLPClassifier, MLPClassifier),
+        }
+    return {"SGDRegressor": (OrtSGDRegressor, SGDRegressor), "MLPRegressor": (OrtMLPRegressor, MLPRegressor)}
+
+
+def split(X: np.ndarray, y: np.ndarray, task: str, seed: int) -> tuple[np.ndarray, ...]:
+    from sklearn.model_selection import train_test_split
+    from sklearn.preprocessing import StandardScaler
+
+    X_train, X_test, y_train, y_test = train_test_split(
+        X, y, test_size=0.25, random_state=seed, stratify=y if task == "classification" else None
+    )
+    scaler = StandardScaler().fit(X_train)
+    return (
+        scaler.transform(X_train).astype(np.float32),
+        scaler.transform(X_test).astype(np.float32),
+        y_train,
+        y_test,
+    )
+
+
+def timed_fit(make: Callable[..., Any], seed: int, X: np.ndarray, y: np.ndarray) -> tuple[Any, float]:
+    from sklearn.exceptions import ConvergenceWarning
+
+    est = make(random_state=seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        start = time.perf_counter()
+        est.fit(X, y)
+        return est, time.perf_counter() - start
+
+
+def run_case(name: str, task: str, estimator: str, seeds: tuple[int, ...]) -> dict[str, Any]:
+    ours_make, theirs_make = estimators(task)[estimator]
+    X, y = load(name)
+    runs = []
+    load_before = common.loadavg()
+    for seed in seeds:
+        X_train, X_test, y_train, y_test = split(X, y, task, seed)
+        for make in (ours_make, theirs_make):  # warm-up (imports, allocators) on a few rows
+            timed_fit(make, seed, X_train[:WARM_UP_ROWS], y_train[:WARM_UP_ROWS])
+        ours, t_ours = timed_fit(ours_make, seed, X_train, y_train)
+        theirs, t_theirs = timed_fit(theirs_make, seed, X_train, y_train)
+        runs.append(
+            {
+                "seed": seed,
+                "score": float(ours.score(X_test, y_test)),
+                "sklearn_score": float(theirs.score(X_test, y_test)),
+                "fit_s": t_ours,
+                "sklearn_fit_s": t_theirs,
+                "n_iter": int(ours.n_iter_),
+                "sklearn_n_iter": int(theirs.n_iter_),
+            }
+        )
+    return {
+        "dataset": name,
+        "estimator": estimator,
+        "n_train": int(len(X) * 0.75),
+        "n_features": int(X.shape[1]),
+        "runs": runs,
+        "score": float(np.mean([r["score"] for r in runs])),
+        "sklearn_score": float(np.mean([r["sklearn_score"] for r in runs])),
+        "time_ratio": float(sum(r["fit_s"] for r in runs) / sum(r["sklearn_fit_s"] for r in runs)),
+        "loadavg_1min": [load_before, common.loadavg()],
+    }
+
+
+def run(quick: bool) -> dict[str, Any]:
+    """Every case under one thread; the report."""
+    from threadpoolctl import threadpool_limits
+
+    import ort_train_sklearn  # noqa: F401  (fails early, with its fix, without a runtime)
+
+    undo = common.force_session_threads(1)
+    seeds = SEEDS[:1] if quick else SEEDS
+    cases = []
+    try:
+        with threadpool_limits(1):
+            for name, task in DATASETS:
+                if quick and name not in QUICK_DATASETS:
+                    continue
+                for estimator in estimators(task):
+                    case = run_case(name, task, estimator, seeds)
+                    print(
+                        f"{name:>30} {estimator:>14}: score {case['score']:.3f} vs "
+                        f"{case['sklearn_score']:.3f}, time x{case['time_ratio']:.2f}",
+                        flush=True,
+                    )
+                    cases.append(case)
+    finally:
+        undo()
+    return {
+        "date": common.today(),
+        "config": {"quick": quick, "seeds": list(seeds), "threads": 1, "test_size": 0.25},
+        "machine": common.machine_info(),
+        "cases": cases,
+    }
+
+
+def markdown_lines(report: dict[str, Any]) -> list[str]:
+    """The table: one row per dataset and estimator."""
+    rows = []
+    for c in report["cases"]:
+        runs = c["runs"]
+
+        def mean(key: str, scale: float = 1.0) -> float:
+            return float(scale * np.mean([r[key] for r in runs]))  # noqa: B023 (used at once)
+
+        rows.append(
+            [
+                c["dataset"],
+                f"{c['n_train']}x{c['n_features']}",
+                c["estimator"],
+                f"{c['score']:.3f}",
+                f"{c['sklearn_score']:.3f}",
+                f"{c['score'] - c['sklearn_score']:+.3f}",
+                f"{mean('n_iter'):.0f} / {mean('sklearn_n_iter'):.0f}",
+                f"{mean('fit_s', 1e3):.1f} / {mean('sklearn_fit_s', 1e3):.1f}",
+                f"{c['time_ratio']:.2f}",
+            ]
+        )
+    seeds = report["config"]["seeds"]
+    lines = [
+        f"### Default parameters on scikit-learn's datasets ({len(seeds)} seed(s), one thread)",
+        "",
+        "Score: test accuracy or R² (25 % split), mean over the seeds; time: fit seconds of ours over "
+        "scikit-learn's, summed over the seeds (< 1: ours faster).",
+        "",
+    ]
+    lines += common.markdown_table(
+        ["dataset", "train", "estimator", "ours", "scikit-learn", "diff", "n_iter_", "fit ms", "time ratio"],
+        rows,
+        ["l", "r", "l", "r", "r", "r", "r", "r", "r"],
+    )
+    lines += ["", f"Load average (1 min) around each case: {load_text(report['cases'])}"]
+    return lines
+
+
+def load_text(cases: list[dict[str, Any]]) -> str:
+    loads = [
+        (f"{c['dataset']}/{c['estimator']}", c["loadavg_1min"])
+        for c in cases
+        if None not in c["loadavg_1min"]
+    ]
+    return ", ".join(f"{name} {a:.1f}-{b:.1f}" for name, (a, b) in loads) + "."
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = common.arguments(__doc__, f"{', '.join(QUICK_DATASETS)}, one seed")
+    args = parser.parse_args(argv)
+    report = run(args.quick)
+    text = "\n".join(["# Datasets", "", common.machine_line(report["machine"]), "", *markdown_lines(report)])
+    print(f"\n{text}")
+    common.write_report(args.out, "datasets", args.quick, report, text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""Per-sample learning-rate schedules (``LearningRateSGD(per_sample=True)``, issue 18 item 6):
+``t`` counts samples over all epochs, as scikit-learn's SGD; a batch of ``B`` rows after ``s``
+samples steps with ``eta(s) + ... + eta(s + B - 1)`` times its mean gradient. Checked against
+numpy minibatch SGD whose rates are written here from the formulas, on both loops, across
+epochs whose last batch is short, and through a checkpoint and resume."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from core_models import build_linear, initializers, linear_sgd_reference
+
+from ort_train_core import (
+    LearningRateSGD,
+    LearningRateSGDNesterov,
+    OrtGradientForwardBackwardOptimizer,
+    OrtGradientOptimizer,
+    add_loss_output,
+)
+
+N_ROWS, BATCH, EPOCHS = 10, 4, 3  # batches of 4, 4, 2: the samples seen do not follow the steps
+
+
+def _rate(schedule: str, i: int) -> float:
+    """The rate of sample i (from 0), scikit-learn's formulas with t = i + 1."""
+    eta0, alpha, power_t = 0.05, 0.5, 0.5
+    if schedule == "constant":
+        return eta0
+    if schedule == "invscaling":
+        return eta0 / (i + 1) ** power_t
+    # scikit-learn: 1 / (alpha (t0 + t - 1)), t0 = 1 / (eta0 alpha)
+    return 1.0 / (alpha * (1.0 / (eta0 * alpha) + i))
+
+
+def _lr(schedule: str, **kwargs: Any) -> LearningRateSGD:
+    return LearningRateSGD(
+        eta0=0.05, alpha=0.5, power_t=0.5, learning_rate=schedule, per_sample=True, **kwargs
+    )
+
+
+def _data() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((N_ROWS, 3)).astype(np.float32)
+    y = (X @ np.array([1.0, -2.0, 0.5]) + 0.3).astype(np.float32)
+    return X, y
+
+
+def _reference(model: Any, X: np.ndarray, y: np.ndarray, schedule: str) -> dict[str, np.ndarray]:
+    """Minibatch SGD on the mean squared error, each batch's rate the sum of its rows' rates."""
+    coef = initializers(model)["coef"].astype(np.float64)
+    intercept = initializers(model)["intercept"].astype(np.float64)
+    seen = 0
+    for _ in range(EPOCHS):
+        for start in range(0, N_ROWS, BATCH):
+            xb, yb = X[start : start + BATCH].astype(np.float64), y[start : start + BATCH, None]
+            lr = sum(_rate(schedule, i) for i in range(seen, seen + len(xb)))
+            diff = xb @ coef + intercept - yb
+            coef = coef - lr * 2.0 * xb.T @ diff / len(xb)
+            intercept = intercept - lr * 2.0 * diff.sum(axis=0) / len(xb)
+            seen += len(xb)
+    return {"coef": coef, "intercept": intercept}
+
+
+def _trainer(loop: str, model: Any, lr: Any, **kwargs: Any) -> Any:
+    common: dict[str, Any] = dict(batch_size=BATCH, learning_rate=lr, shuffle=False, tol=None, **kwargs)
+    if loop == "full":
+        return OrtGradientOptimizer(add_loss_output(model), **common)
+    return OrtGradientForwardBackwardOptimizer(model, learning_loss="square_error", **common)
+
+
+@pytest.mark.parametrize("loop", ["full", "partial"])
+@pytest.mark.parametrize("schedule", ["constant", "invscaling", "optimal"])
+def test_batch_steps_with_the_sum_of_its_rows_rates(loop: str, schedule: str) -> None:
+    X, y = _data()
+    model = build_linear(seed=1)
+    trainer = _trainer(loop, model, _lr(schedule), max_iter=EPOCHS).fit(X, y)
+    expected = _reference(model, X, y, schedule)
+    state = trainer.get_state()
+    for name, value in expected.items():
+        np.testing.assert_allclose(state[name].ravel(), value.ravel(), rtol=2e-5, atol=2e-6)
+
+
+def test_one_row_batches_are_per_sample_sgd() -> None:
+    """batch_size=1: every step has its own sample's rate (no sum), the epoch-counting
+    schedule would keep one rate per epoch."""
+    X, y = _data()
+    model = build_linear(seed=1)
+    rates = [_rate("invscaling", i) for i in range(N_ROWS * 2)]
+    ours = _trainer("full", model, _lr("invscaling"), max_iter=2)
+    ours.batch_size = 1
+    ours.fit(X, y)
+    coef = initializers(model)["coef"].astype(np.float64)
+    intercept = initializers(model)["intercept"].astype(np.float64)
+    for i in range(N_ROWS * 2):
+        x_i, y_i = X[i % N_ROWS].astype(np.float64), float(y[i % N_ROWS])
+        d = x_i @ coef + intercept - y_i
+        coef = coef - rates[i] * 2.0 * np.outer(x_i, d)
+        intercept = intercept - rates[i] * 2.0 * d
+    np.testing.assert_allclose(ours.get_state()["coef"], coef, rtol=2e-5, atol=2e-6)
+    # the epoch schedule differs: a test that could not tell them apart would prove nothing
+    per_epoch, _ = linear_sgd_reference(
+        initializers(model), X, y, eta=lambda e: 0.05 / (e + 1) ** 0.5, batch_size=1, epochs=2
+    )
+    assert np.abs(per_epoch["coef"] - coef).max() > 1e-3
+
+
+def test_the_sample_count_survives_a_checkpoint(tmp_path: Any) -> None:
+    """Resumed after epoch 1, the rates go on from the samples seen (10), not from 0."""
+    X, y = _data()
+    model = build_linear(seed=1)
+    lr = LearningRateSGDNesterov(
+        eta0=0.05, alpha=0.5, power_t=0.5, learning_rate="invscaling", momentum=0.5, per_sample=True
+    )
+    straight = _trainer("full", model, lr, max_iter=EPOCHS).fit(X, y)
+    _trainer("full", model, lr, max_iter=1, checkpoint_dir=tmp_path).fit(X, y)
+    resumed = _trainer("full", model, lr, max_iter=EPOCHS, checkpoint_dir=tmp_path).resume(X, y)
+    for name, value in straight.get_state().items():
+        np.testing.assert_allclose(resumed.get_state()[name], value, rtol=1e-6, atol=1e-7)
+
+
+def test_scalar_values_are_the_sums() -> None:
+    lr = _lr("optimal")
+    assert lr.scalars_change_every_step
+    assert not LearningRateSGD(learning_rate="optimal").scalars_change_every_step
+    (value,) = lr.scalar_values(epoch=4, step=9, first_sample=7, n_rows=3)
+    assert value == pytest.approx(sum(_rate("optimal", i) for i in (7, 8, 9)), rel=1e-12)
+    assert _lr("constant").scalar_values(0, 1, first_sample=100, n_rows=8) == pytest.approx((0.4,))
