@@ -113,9 +113,11 @@ ONNX_MODEL_SAMPLE_WEIGHT = (
 def _expected_failed_checks(estimator: BaseEstimator) -> dict[str, str]:
     if isinstance(estimator, (OnnxModelRegressor, OnnxModelClassifier)):
         return {"check_sample_weight_equivalence_on_dense_data": ONNX_MODEL_SAMPLE_WEIGHT}
+    # the drop-ins take sparse X (densified per batch): the same steps as the dense data
+    both = ("check_sample_weight_equivalence_on_dense_data", "check_sample_weight_equivalence_on_sparse_data")
     if isinstance(estimator, (OrtMLPRegressor, OrtMLPClassifier)):
-        return {"check_sample_weight_equivalence_on_dense_data": MLP_SAMPLE_WEIGHT}
-    failures = {"check_sample_weight_equivalence_on_dense_data": SGD_SAMPLE_WEIGHT}
+        return dict.fromkeys(both, MLP_SAMPLE_WEIGHT)
+    failures = dict.fromkeys(both, SGD_SAMPLE_WEIGHT)
     if isinstance(estimator, OrtSGDRegressor):
         failures |= {
             name: SGD_UNSCALED

@@ -64,6 +64,45 @@ def feature_spec(vi: Any) -> FeatureSpec:
     return FeatureSpec(vi.name, np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)), dims)
 
 
+def is_sparse(value: Any) -> bool:
+    """Whether ``value`` is a scipy.sparse matrix or array (scipy is not imported for that)."""
+    return type(value).__module__.startswith("scipy.sparse") and hasattr(value, "tocsr")
+
+
+def dense_rows(arr: Any, rows: np.ndarray | slice) -> np.ndarray:
+    """``arr[rows]`` as a dense array: a sparse matrix densifies only these rows."""
+    if is_sparse(arr):
+        out: np.ndarray = arr[rows].toarray()
+        return out
+    return np.asarray(arr[rows])
+
+
+def _check_sparse(spec: FeatureSpec, value: Any, what: str) -> Any:
+    """A sparse X as a CSR matrix in the input's float type, its stored values checked (finite,
+    within the type's range): batches densify their rows only, memory O(batch)."""
+    if spec.dims is not None and len(spec.dims) != 2:
+        raise ValueError(
+            f"{what} is a sparse matrix, which is 2-D, but the model's input {spec.name!r} has shape "
+            f"{spec.describe()}"
+        )
+    if not np.issubdtype(spec.dtype, np.floating):
+        raise TypeError(
+            f"{what} is sparse but the model's input {spec.name!r} is {spec.dtype}: give a dense array"
+        )
+    csr = value.tocsr()
+    if csr.shape[0] == 0:
+        raise ValueError(f"{what} has no rows")
+    want = spec.dims[1] if spec.dims is not None else None
+    if want is not None and csr.shape[1] != want:
+        raise ValueError(f"{what} has {csr.shape[1]} features but the model expects {want}")
+    data = _as_numeric(what, csr.data)
+    _check_finite(what, data)
+    out = csr.copy() if csr is value else csr
+    out.data = cast_checked(what, data, spec.dtype)
+    out.sort_indices()
+    return out
+
+
 def _as_numeric(name: str, value: Any) -> np.ndarray:
     if isinstance(value, np.ma.MaskedArray) and np.ma.is_masked(value):
         # np.asarray drops the mask: the masked (often garbage) values would be trained on
@@ -194,8 +233,13 @@ def split_features(specs: tuple[FeatureSpec, ...], X: Any, prefix: str = "") -> 
     """Pairs each batched input with its array-like in ``X`` (one array, a dict by input name,
     or a tuple/list in input order)."""
     names = [f.name for f in specs]
-    if type(X).__module__.startswith("scipy.sparse"):  # a DOK matrix is a dict
-        raise TypeError(f"{prefix}X is a sparse matrix; the trainers take dense arrays: X.toarray()")
+    if is_sparse(X):  # before the dict test: a DOK matrix is a dict
+        if len(specs) != 1:
+            raise TypeError(
+                f"{prefix}X is one sparse matrix but the model has {len(specs)} batched inputs {names}: "
+                "give a dict {name: array}"
+            )
+        return [(specs[0], X)]
     if isinstance(X, dict):
         missing = [n for n in names if n not in X]
         extra = [k for k in X if k not in names]
@@ -252,6 +296,9 @@ def check_features(specs: tuple[FeatureSpec, ...], X: Any, prefix: str = "") -> 
 
 
 def _check_input(spec: FeatureSpec, value: Any, what: str) -> np.ndarray:
+    if is_sparse(value):
+        sparse: np.ndarray = _check_sparse(spec, value, what)  # a CSR matrix where arrays go
+        return sparse
     arr = _as_numeric(what, value)
     dims = spec.dims
     if dims is not None and arr.ndim != len(dims):
@@ -414,6 +461,14 @@ class BatchStore:
     def __init__(self, arrays: list[np.ndarray], batch_size: int, device: Device, shuffle: bool) -> None:
         n = arrays[0].shape[0]
         self.n = n
+        #: a sparse source is densified batch by batch into the batch buffers: it goes through
+        #: the gathering path, in row order when not shuffling
+        sparse = any(is_sparse(a) for a in arrays)
+        if sparse and device_resident(device):
+            raise TypeError(
+                f"sparse X on {device}: the batches are gathered on the device from dense arrays; "
+                "densify it (X.toarray()) or train on the CPU"
+            )
         self.bounds = [(s, min(s + batch_size, n)) for s in range(0, n, batch_size)]
         self.sources = arrays
         self.device = device
@@ -423,12 +478,15 @@ class BatchStore:
         self._gather: list[tuple[Any, Any]] = []
         resident = device_resident(device)
         #: whether the fit loop must call fill(i) before step i
-        self.gathers = shuffle
+        self.gathers = shuffle or sparse
+        if sparse and not shuffle:
+            self._order = np.arange(n)
         if not resident:
-            rows = self.bounds[0][1] - self.bounds[0][0] if self.bounds and shuffle else 0
-            self.buffers = [np.empty((rows, *a.shape[1:]), dtype=a.dtype) for a in arrays] if shuffle else []
+            gathers = self.gathers
+            rows = self.bounds[0][1] - self.bounds[0][0] if self.bounds and gathers else 0
+            self.buffers = [np.empty((rows, *a.shape[1:]), dtype=a.dtype) for a in arrays] if gathers else []
             for s, e in self.bounds:
-                views = [buf[: e - s] for buf in self.buffers] if shuffle else [a[s:e] for a in arrays]
+                views = [buf[: e - s] for buf in self.buffers] if gathers else [a[s:e] for a in arrays]
                 self._keep.append(views)
                 self.batches.append(
                     [ort_capi.OrtValue.ortvalue_from_numpy(v, device.ort_device) for v in views]
@@ -488,6 +546,9 @@ class BatchStore:
             return
         s, e = self.bounds[batch]
         for src, buf in zip(self.sources, self.buffers):
+            if is_sparse(src):
+                buf[: e - s] = src[order[s:e]].toarray()
+                continue
             # mode='clip': the order is a permutation; the default 'raise' copies `out` first
             src.take(order[s:e], axis=0, out=buf[: e - s], mode="clip")
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ._binding import CachedBinding, DeviceArray
-from ._data import BatchStore, device_resident
+from ._data import BatchStore, dense_rows, device_resident, is_sparse
 from ._runtime import Device, ort_capi
 from .checkpoint import TrainingState
 from .learning_rate import BaseLearningRate
@@ -104,7 +104,12 @@ class DoubleBufferedRunner:
     ) -> None:
         """The validation data on the device, bound once to the evaluator with a host loss."""
         self.eval_binding = CachedBinding(evaluator)
-        self.val_arrays = [DeviceArray(a, self.device, copy=False) for a in validation if a is not None]
+        # a sparse validation X is densified whole: it is run at once after every epoch
+        self.val_arrays = [
+            DeviceArray(dense_rows(a, slice(None)) if is_sparse(a) else a, self.device, copy=False)
+            for a in validation
+            if a is not None
+        ]
         for name, arr in zip(self.data_names, self.val_arrays):
             self.eval_binding.bind_input(name, arr.ortvalue)
         self.val_loss_host = np.zeros((), dtype=self.dtype)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import numpy as np
 from onnx import ModelProto
 
+from ._data import dense_rows
 from ._io import check_regular_file
 from ._npz import read_npz
 from .callbacks import Callback
@@ -585,7 +586,7 @@ def data_fingerprint(arrays: Sequence[np.ndarray | None]) -> str:
         n = a.shape[0] if a.ndim else 1
         rows = np.unique(np.linspace(0, n - 1, num=min(n, FINGERPRINT_ROWS)).round().astype(np.int64))
         digest.update(f"{a.shape};{a.dtype.str};".encode())
-        digest.update(np.ascontiguousarray(a[rows] if a.ndim else a).tobytes())
+        digest.update(np.ascontiguousarray(dense_rows(a, rows) if a.ndim else a).tobytes())
     return digest.hexdigest()
 
 

@@ -35,6 +35,7 @@ from ort_train_core import (
     initializers_to_inputs,
     parse_device,
 )
+from ort_train_core._data import dense_rows, is_sparse
 
 from ._graphs import classifier_head, probabilities
 
@@ -62,8 +63,30 @@ _COMMON_CONSTRAINTS: dict[str, list[Any]] = {
 
 def _to_float32(name: str, values: Any) -> np.ndarray:
     """``values`` as a C-contiguous float32 array, the type the graphs compute in; values beyond
-    its range are refused (core's cast: a float64 1e39 would otherwise become inf)."""
+    its range are refused (core's cast: a float64 1e39 would otherwise become inf). A sparse
+    matrix stays sparse (CSR), its stored values cast."""
+    if is_sparse(values):
+        csr = values.tocsr(copy=True)
+        csr.data = cast_checked(name, csr.data, np.dtype(np.float32))
+        out: np.ndarray = csr
+        return out
     return cast_checked(name, np.asarray(values), np.dtype(np.float32))
+
+
+#: values (rows x features) densified at once when a sparse X is predicted: 16 MiB of float32
+PREDICT_CHUNK_VALUES = 1 << 22
+
+
+def _run_dense(sess: Any, X: Any) -> list[np.ndarray]:
+    """The session's outputs on X; a sparse X runs in chunks of densified rows of about
+    PREDICT_CHUNK_VALUES values (memory O(chunk)), the outputs concatenated."""
+    name = sess.get_inputs()[0].name
+    if not is_sparse(X):
+        out: list[np.ndarray] = sess.run(None, {name: X})
+        return out
+    rows = max(1, PREDICT_CHUNK_VALUES // max(1, X.shape[1]))
+    parts = [sess.run(None, {name: dense_rows(X, slice(s, s + rows))}) for s in range(0, X.shape[0], rows)]
+    return [np.concatenate([p[k] for p in parts]) for k in range(len(parts[0]))]
 
 
 def _raveled_column(y: np.ndarray) -> np.ndarray:
@@ -86,7 +109,7 @@ def _n_rows(X: Any) -> int:
 
 def _n_features(X: Any) -> int:
     """Columns of a 2-D X; 0 for the inputs of other graphs (a given model ignores it)."""
-    return int(X.shape[1]) if isinstance(X, np.ndarray) and X.ndim == 2 else 0
+    return int(X.shape[1]) if (isinstance(X, np.ndarray) and X.ndim == 2) or is_sparse(X) else 0
 
 
 def _same_classes(classes: Any, fitted: np.ndarray) -> bool:
@@ -138,7 +161,12 @@ class _ValidationScore(Callback):
                 graph.SerializeToString(), providers=parse_device(self.estimator.device).providers
             )
         names = [i.name for i in self._session.get_inputs()]
-        data = dict(zip(names, self.X)) if isinstance(self.X, tuple) else {names[0]: self.X}
+        if isinstance(self.X, tuple):
+            data = dict(zip(names, self.X))
+        else:  # a sparse validation X is densified whole once, as core does for its loss
+            if is_sparse(self.X):
+                self.X = self.X.toarray()
+            data = {names[0]: self.X}
         return np.asarray(self._session.run(None, {**data, **state})[0])
 
     def on_epoch_end(self, trainer: Any, epoch: int, logs: dict[str, float]) -> bool:
@@ -172,6 +200,9 @@ class OrtEstimatorMixin(BaseEstimator):
     _t_start = 0
     #: whether y may be a multilabel indicator matrix (scikit-learn's MLPClassifier)
     _supports_multilabel = False
+    #: whether X may be a scipy.sparse matrix (scikit-learn's SGD and MLP estimators): kept in
+    #: CSR, each batch densified when it is gathered, predictions in chunks
+    _accepts_sparse = False
 
     # ---- what a subclass says -----------------------------------------------------------
     def _initial_graph(self, n_features: int, n_outputs: int, rng: np.random.RandomState) -> ModelProto:
@@ -409,6 +440,7 @@ class OrtEstimatorMixin(BaseEstimator):
             X,
             y,
             reset=first,
+            accept_sparse="csr" if self._accepts_sparse else False,
             dtype=(np.float32, np.float64),
             multi_output=self._multi_output,
             y_numeric=not self._is_classifier,
@@ -569,7 +601,13 @@ class OrtEstimatorMixin(BaseEstimator):
         """The graph's outputs on X; float outputs in X's float type (computed in float32),
         as scikit-learn keeps float32 inputs in float32 and returns float64 otherwise."""
         check_is_fitted(self, "_trainer")
-        X = validate_data(self, X, reset=False, dtype=(np.float64, np.float32))
+        X = validate_data(
+            self,
+            X,
+            reset=False,
+            accept_sparse="csr" if self._accepts_sparse else False,
+            dtype=(np.float64, np.float32),
+        )
         dtype = X.dtype
         X = _to_float32("X", X)
         sessions = self.__dict__.setdefault("_sessions", {})
@@ -580,9 +618,13 @@ class OrtEstimatorMixin(BaseEstimator):
             sessions[kind] = onnxruntime.InferenceSession(
                 model.SerializeToString(), providers=parse_device(self.device).providers
             )
-        sess = sessions[kind]
-        outputs: list[np.ndarray] = sess.run(None, {sess.get_inputs()[0].name: X})
+        outputs = _run_dense(sessions[kind], X)
         return [o.astype(dtype) if o.dtype == np.float32 else o for o in outputs]
+
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = self._accepts_sparse
+        return tags
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()

@@ -83,6 +83,8 @@ _SGD_ENTRIES: dict[str, Entry] = {
 
 
 class _OrtSGDBase(OrtEstimatorMixin):
+    # scikit-learn's SGD and MLP estimators take sparse X: batches densified one at a time
+    _accepts_sparse = True
     # scikit-learn's SGD scales each sample's step by its weight
     _rows_weighted = True
     # its early stopping keeps the last epoch's weights; t_ counts updates from 1

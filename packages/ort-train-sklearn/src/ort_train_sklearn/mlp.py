@@ -56,6 +56,8 @@ _MLP_ENTRIES: dict[str, Entry] = {
 
 
 class _OrtMLPBase(OrtEstimatorMixin):
+    # scikit-learn's SGD and MLP estimators take sparse X: batches densified one at a time
+    _accepts_sparse = True
     _parameter_constraints: dict[str, list[Any]] = {
         **_COMMON_CONSTRAINTS,
         "hidden_layer_sizes": ["array-like", Interval(Integral, 1, None, closed="left")],
