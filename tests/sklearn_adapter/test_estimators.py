@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import pickle
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +21,7 @@ import onnxruntime
 import pytest
 from sklearn.base import BaseEstimator, clone, is_classifier
 from sklearn.datasets import load_breast_cancer, load_diabetes, load_digits, load_iris
-from sklearn.exceptions import NotFittedError
+from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from sklearn.linear_model import LinearRegression, LogisticRegression, SGDClassifier, SGDRegressor
 from sklearn.model_selection import GridSearchCV, KFold, StratifiedKFold, cross_val_score, train_test_split
 from sklearn.neural_network import MLPClassifier, MLPRegressor
@@ -744,3 +745,56 @@ def test_cuda_fits_like_cpu(estimator_class: type) -> None:
     np.testing.assert_allclose(gpu.loss_curve_, cpu.loss_curve_, rtol=1e-4)
     method = "predict_proba" if is_classifier(cpu) else "predict"
     np.testing.assert_allclose(getattr(gpu, method)(X), getattr(cpu, method)(X), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("training", TRAININGS)
+@pytest.mark.parametrize("solver", ["sgd", "nesterov"])
+def test_mlp_invscaling_counts_samples_like_sklearn(training: str, solver: str) -> None:
+    """scikit-learn's MLP sets the 'invscaling' rate at each epoch's start from the samples seen
+    before it: learning_rate_init / (t_ + 1) ** power_t (the epoch count would give another
+    rate from the second epoch on)."""
+    X, y, _ = _mlp_data("regression")
+    params: dict[str, Any] = dict(
+        hidden_layer_sizes=(5,),
+        activation="tanh",
+        learning_rate="invscaling",
+        learning_rate_init=0.2,
+        power_t=0.3,
+        batch_size=20,
+        max_iter=4,
+        shuffle=False,
+        random_state=SEED,
+        **MLP_SOLVERS[solver],
+    )
+    ours = OrtMLPRegressor(training=training, tol=None, **params).fit(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        reference = MLPRegressor(**params).fit(X, y)
+    for got, expected in zip(ours.coefs_ + ours.intercepts_, reference.coefs_ + reference.intercepts_):
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("training", TRAININGS)
+@pytest.mark.parametrize("estimator", ["sgd", "mlp"])
+def test_adaptive_divides_the_rate_at_plateaus_like_sklearn(training: str, estimator: str) -> None:
+    """learning_rate='adaptive': where tol would stop the fit the rate is divided by 5 and the
+    fit goes on, until the rate is <= 1e-6. A tol no epoch can meet makes every epoch a
+    plateau: the same number of epochs as scikit-learn's, and its weights."""
+    if estimator == "sgd":
+        X, y, _ = _linear_data()
+        params: dict[str, Any] = dict(learning_rate="adaptive", eta0=0.01, max_iter=40, shuffle=False)
+        params.update(tol=10.0, n_iter_no_change=2, penalty="l2", alpha=0.01)
+        ours: Any = OrtSGDRegressor(training=training, batch_size=1, **params).fit(X, y)
+        reference: Any = SGDRegressor(**params).fit(X, y)
+        pairs = [(ours.coef_, reference.coef_), (ours.intercept_, reference.intercept_)]
+    else:
+        X, y, _ = _mlp_data("regression")
+        params = dict(hidden_layer_sizes=(5,), activation="tanh", solver="sgd", momentum=0.0)
+        params.update(learning_rate="adaptive", learning_rate_init=0.05, batch_size=20, max_iter=60)
+        params.update(shuffle=False, random_state=SEED, tol=10.0, n_iter_no_change=1)
+        ours = OrtMLPRegressor(training=training, **params).fit(X, y)
+        reference = MLPRegressor(**params).fit(X, y)
+        pairs = list(zip(ours.coefs_ + ours.intercepts_, reference.coefs_ + reference.intercepts_))
+    assert ours.n_iter_ == reference.n_iter_ < params["max_iter"]
+    for got, expected in pairs:
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)

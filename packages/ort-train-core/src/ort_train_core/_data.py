@@ -463,7 +463,8 @@ class BatchStore:
         self.n = n
         #: a sparse source is densified batch by batch into the batch buffers: it goes through
         #: the gathering path, in row order when not shuffling
-        sparse = any(is_sparse(a) for a in arrays)
+        self._sparse = [is_sparse(a) for a in arrays]
+        sparse = any(self._sparse)
         if sparse and device_resident(device):
             raise TypeError(
                 f"sparse X on {device}: the batches are gathered on the device from dense arrays; "
@@ -545,8 +546,8 @@ class BatchStore:
             run(binding, None)
             return
         s, e = self.bounds[batch]
-        for src, buf in zip(self.sources, self.buffers):
-            if is_sparse(src):
+        for src, buf, sparse in zip(self.sources, self.buffers, self._sparse):
+            if sparse:
                 buf[: e - s] = src[order[s:e]].toarray()
                 continue
             # mode='clip': the order is a permutation; the default 'raise' copies `out` first

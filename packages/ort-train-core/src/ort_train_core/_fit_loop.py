@@ -61,6 +61,8 @@ class StepRunner(Protocol):
 
     def validation_loss(self) -> float: ...
 
+    def reduce_learning_rate(self) -> bool: ...
+
 
 class _Outcome(enum.Enum):
     """How the epochs of a fit ended, when no error ended them."""
@@ -419,6 +421,8 @@ class BaseOrtTrainer(ParamsMixin):
         """Runs the epochs between the callbacks' on_train_begin and on_train_end, which every
         exit calls (the end, early stopping, Ctrl-C, a divergence, any error)."""
         callbacks = self._make_callbacks()
+        # the stopping rules reach the learning rate through it ('adaptive'), during this fit
+        self._runner: StepRunner | None = runner
         for cb in callbacks:
             cb.on_train_begin(self, n_epochs)
         try:
@@ -428,7 +432,17 @@ class BaseOrtTrainer(ParamsMixin):
                 return _Outcome.STOPPED
             return self._run_epochs(runner, weights, n_epochs, callbacks)
         finally:
-            _end_callbacks(callbacks, self)
+            try:
+                _end_callbacks(callbacks, self)
+            finally:
+                self._runner = None
+
+    def _reduce_learning_rate(self) -> bool:
+        """A stopping rule's plateau: with ``learning_rate='adaptive'`` the rate is divided by 5
+        from the next epoch and the fit goes on (True); otherwise, or once the rate is <= 1e-6,
+        False: the fit stops."""
+        runner = getattr(self, "_runner", None)
+        return runner is not None and runner.reduce_learning_rate()
 
     def _run_epochs(
         self, runner: StepRunner, weights: np.ndarray | None, n_epochs: int, callbacks: list[Callback]

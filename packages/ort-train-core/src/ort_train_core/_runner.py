@@ -13,7 +13,7 @@ from ._binding import CachedBinding, DeviceArray
 from ._data import BatchStore, dense_rows, device_resident, is_sparse
 from ._runtime import Device, ort_capi
 from .checkpoint import TrainingState
-from .learning_rate import BaseLearningRate
+from .learning_rate import ADAPTIVE_DIVISOR, ADAPTIVE_MIN_RATE, BaseLearningRate
 
 #: above this many batches per epoch, data inputs are bound at each step instead of once
 MAX_PREBOUND_BATCHES = 2048
@@ -77,6 +77,9 @@ class DoubleBufferedRunner:
         self.device_resident = device_resident(device)
         n = len(store.bounds) if self.device_resident else 0
         self.batch_losses = [DeviceArray.zeros((), dtype, device) for _ in range(n)]
+        #: 'adaptive': what the plateaus of this fit have divided the rate by (each fit starts at
+        #: 1, as scikit-learn's; resume replays the plateaus of the checkpointed history)
+        self.lr_scale = 1.0
         self._init_scalars(lr)
         self.parity = 0
         self.epoch = 0
@@ -144,6 +147,8 @@ class DoubleBufferedRunner:
 
     def _write_scalars(self, n_rows: int = 1) -> None:
         values = self.lr.scalar_values(self.epoch, self.n_steps + 1, self.n_samples, n_rows)
+        # the first scalar of every learning rate is proportional to eta0: 'adaptive' scales it
+        values = (values[0] * self.lr_scale, *values[1:])
         for host, value in zip(self.scalar_host, values):
             host[()] = value
         for dev, host in zip(self.scalar_device, self.scalar_host):
@@ -162,6 +167,15 @@ class DoubleBufferedRunner:
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
         self._write_scalars()
+
+    def reduce_learning_rate(self) -> bool:
+        """``learning_rate='adaptive'`` at a plateau: divides the rate by ADAPTIVE_DIVISOR
+        from the next epoch and returns True; False (the fit stops) for other schedules or
+        once the rate is <= ADAPTIVE_MIN_RATE."""
+        if not self.lr.adaptive or float(self.lr.eta0) * self.lr_scale <= ADAPTIVE_MIN_RATE:
+            return False
+        self.lr_scale /= ADAPTIVE_DIVISOR
+        return True
 
     def snapshot(self) -> TrainingState:
         p = self.parity

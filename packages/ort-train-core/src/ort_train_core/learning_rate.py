@@ -17,7 +17,12 @@ import numpy as np
 from ._builder import NodeBuilder
 from ._params import ParamsMixin
 
-_SCHEDULES = ("constant", "invscaling", "optimal")
+_SCHEDULES = ("constant", "invscaling", "optimal", "adaptive")
+
+#: learning_rate='adaptive': the factor a plateau divides the rate by, and the rate below which
+#: a plateau stops the fit instead (scikit-learn's)
+ADAPTIVE_DIVISOR = 5.0
+ADAPTIVE_MIN_RATE = 1e-6
 
 
 class BaseLearningRate(ParamsMixin):
@@ -125,6 +130,12 @@ class BaseLearningRate(ParamsMixin):
     def scalars_change_every_step(self) -> bool:
         return False
 
+    @property
+    def adaptive(self) -> bool:
+        """Whether a plateau divides the rate (``learning_rate='adaptive'``) instead of
+        stopping the fit."""
+        return getattr(self, "learning_rate", None) == "adaptive"
+
 
 class LearningRateSGD(BaseLearningRate):
     """Plain SGD: ``W <- W - eta g``, ``eta`` following scikit-learn's schedules.
@@ -137,15 +148,19 @@ class LearningRateSGD(BaseLearningRate):
         The decay of the ``'optimal'`` schedule, >= 0.
     power_t : float, default=0.25
         The exponent of the ``'invscaling'`` schedule, >= 0.
-    learning_rate : {'constant', 'invscaling', 'optimal'}, default='invscaling'
+    learning_rate : {'constant', 'invscaling', 'optimal', 'adaptive'}, default='invscaling'
         The schedule at ``t`` (from 0): ``eta0``; ``eta0 / (t + 1) ** power_t``;
-        ``eta0 / (1 + alpha * eta0 * t)``.
-    per_sample : bool, default=False
+        ``eta0 / (1 + alpha * eta0 * t)``; 'adaptive': ``eta0`` divided by 5 each time the
+        stopping rule (``tol`` and ``n_iter_no_change``) would stop the fit, which stops only
+        once the rate is <= 1e-6 (scikit-learn's; each fit starts again from ``eta0``).
+    per_sample : bool or 'epoch', default=False
         What ``t`` counts. False: epochs, ``eta`` changes once per epoch. True: samples, as
         scikit-learn's SGD whose every row is one update: a batch of ``B`` rows that starts
         after ``s`` samples steps with the sum ``eta(s) + ... + eta(s + B - 1)`` times its
         gradient (the mean over its rows), the step of ``B`` one-row updates to first order
         (equal for a constant gradient). With ``B = 1`` it is scikit-learn's per-sample SGD.
+        'epoch': samples, but ``eta`` changes once per epoch, at the samples seen before it
+        (scikit-learn's MLP: ``eta0 / (t_ + 1) ** power_t``).
 
     Attributes
     ----------
@@ -161,7 +176,7 @@ class LearningRateSGD(BaseLearningRate):
         alpha: float = 0.0001,
         power_t: float = 0.25,
         learning_rate: str = "invscaling",
-        per_sample: bool = False,
+        per_sample: bool | str = False,
     ) -> None:
         self.eta0 = eta0
         self.alpha = alpha
@@ -175,6 +190,8 @@ class LearningRateSGD(BaseLearningRate):
             raise ValueError(
                 f"learning_rate schedule must be one of {_SCHEDULES}, got {self.learning_rate!r}"
             )
+        if self.per_sample not in (False, True, "epoch"):
+            raise ValueError(f"per_sample must be False, True or 'epoch', got {self.per_sample!r}")
         if self.alpha < 0 or self.power_t < 0:
             raise ValueError(f"alpha and power_t must be >= 0, got {self.alpha}, {self.power_t}")
 
@@ -196,7 +213,7 @@ class LearningRateSGD(BaseLearningRate):
     def _etas(self, t: np.ndarray) -> np.ndarray:
         """The schedule at each ``t`` (float64 array), vectorised for per-sample batches."""
         eta0 = float(self.eta0)
-        if self.learning_rate == "constant":
+        if self.learning_rate in ("constant", "adaptive"):  # the fit divides 'adaptive'
             return np.full_like(t, eta0)
         if self.learning_rate == "invscaling":
             out: np.ndarray = eta0 / (t + 1.0) ** float(self.power_t)
@@ -206,14 +223,16 @@ class LearningRateSGD(BaseLearningRate):
 
     @property
     def scalars_change_every_step(self) -> bool:
-        return bool(self.per_sample)
+        return self.per_sample is True
 
     def scalar_values(
         self, epoch: int, step: int, first_sample: int = 0, n_rows: int = 1
     ) -> tuple[float, ...]:
-        if not self.per_sample:
+        if self.per_sample is False:
             return (self.eta(epoch),)
-        if self.learning_rate == "constant":
+        if self.per_sample == "epoch":  # called at the start of each epoch
+            return (self.eta(first_sample),)
+        if self.learning_rate in ("constant", "adaptive"):
             return (float(self.eta0) * n_rows,)
         return (self._rate_sum(first_sample, n_rows),)
 
@@ -285,7 +304,7 @@ class LearningRateSGDNesterov(LearningRateSGD):
         learning_rate: str = "invscaling",
         momentum: float = 0.9,
         nesterov: bool = True,
-        per_sample: bool = False,
+        per_sample: bool | str = False,
     ) -> None:
         super().__init__(eta0, alpha, power_t, learning_rate, per_sample)
         self.momentum = momentum

@@ -179,7 +179,11 @@ class _ValidationScore(Callback):
         if self.tol is None:
             return False
         limit = self.n_iter_no_change
-        self.stopped = self.count > limit if self.estimator._keeps_best_epoch else self.count >= limit
+        stopped = self.count > limit if self.estimator._keeps_best_epoch else self.count >= limit
+        if stopped and trainer._reduce_learning_rate():
+            # learning_rate='adaptive': the rate is divided by 5 instead, the count restarts
+            self.count, stopped = 0, False
+        self.stopped = stopped
         return self.stopped
 
 
@@ -388,7 +392,9 @@ class OrtEstimatorMixin(BaseEstimator):
         trainer.tol = (
             None if incremental or self.tol is None else self.tol * self._report_scale * self._tol_scale
         )
-        trainer.n_iter_no_change = self.n_iter_no_change
+        # scikit-learn's MLP stops when the count exceeds n_iter_no_change, its SGD when the
+        # count reaches it (core's rule)
+        trainer.n_iter_no_change = self.n_iter_no_change + (1 if self._keeps_best_epoch else 0)
         trainer.shuffle = self.shuffle
         scoring = None
         if validation is not None:

@@ -57,12 +57,14 @@ _SGD_ENTRIES: dict[str, Entry] = {
     "l1_ratio": ("float", "The share of l1 in the 'elasticnet' penalty, in [0, 1]."),
     "fit_intercept": ("bool", "Whether to train the intercept (otherwise it stays 0)."),
     "learning_rate": (
-        "{'constant', 'optimal', 'invscaling'}",
+        "{'constant', 'optimal', 'invscaling', 'adaptive'}",
         "The step size of sample t (from 1, counted over epochs as scikit-learn's ``t_``):\n"
         "``eta0`` ('constant'), ``eta0 / t ** power_t`` ('invscaling') or\n"
         "``1 / (alpha (t0 + t - 1))`` ('optimal', ``t0`` from scikit-learn's heuristic, ``eta0``\n"
-        "unused). A batch of ``B`` rows steps with the sum of its rows' step sizes times its mean\n"
-        "gradient: scikit-learn's ``B`` per-sample steps to first order, the same steps for ``B = 1``.",
+        "unused), or 'adaptive': ``eta0`` divided by 5 each time ``n_iter_no_change`` epochs fail\n"
+        "to improve by ``tol`` (the fit stops only once it is <= 1e-6). A batch of ``B`` rows steps\n"
+        "with the sum of its rows' step sizes times its mean gradient: scikit-learn's ``B``\n"
+        "per-sample steps to first order, the same steps for ``B = 1``.",
     ),
     "eta0": ("float", "The initial learning rate, for scikit-learn's loss scale."),
     "batch_size": (
@@ -96,7 +98,7 @@ class _OrtSGDBase(OrtEstimatorMixin):
         "alpha": [Interval(Real, 0, None, closed="left")],
         "l1_ratio": [Interval(Real, 0, 1, closed="both")],
         "fit_intercept": ["boolean"],
-        "learning_rate": [StrOptions({"constant", "optimal", "invscaling"})],
+        "learning_rate": [StrOptions({"constant", "optimal", "invscaling", "adaptive"})],
         "eta0": [Interval(Real, 0, None, closed="neither")],
         "power_t": [Interval(Real, None, None, closed="neither")],
         "batch_size": [Interval(Integral, 1, None, closed="left"), StrOptions({"auto"})],

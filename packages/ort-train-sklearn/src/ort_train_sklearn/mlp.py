@@ -30,9 +30,11 @@ _MLP_ENTRIES: dict[str, Entry] = {
     "alpha": ("float", "The strength of the l2 penalty on the coefficient matrices, as scikit-learn's."),
     "batch_size": ("int or 'auto'", "Rows per step; 'auto' is ``min(200, n_samples)``."),
     "learning_rate": (
-        "{'constant', 'invscaling'}",
-        "The step size of 'sgd' at epoch t (from 0): ``learning_rate_init`` or\n"
-        "``learning_rate_init / (t + 1) ** power_t``.",
+        "{'constant', 'invscaling', 'adaptive'}",
+        "The step size of 'sgd' during an epoch, scikit-learn's: ``learning_rate_init``;\n"
+        "``learning_rate_init / (t_ + 1) ** power_t`` with ``t_`` the samples seen before the\n"
+        "epoch; or 'adaptive': ``learning_rate_init`` divided by 5 each time the stopping rule\n"
+        "would stop the fit, which stops once the rate is <= 1e-6.",
     ),
     "learning_rate_init": ("float", "The initial learning rate, for scikit-learn's loss scale."),
     "momentum": ("float", "The momentum of 'sgd', in [0, 1]; 0 gives plain SGD."),
@@ -65,7 +67,7 @@ class _OrtMLPBase(OrtEstimatorMixin):
         "solver": [StrOptions({"sgd", "adam"})],
         "alpha": [Interval(Real, 0, None, closed="left")],
         "batch_size": [StrOptions({"auto"}), Interval(Integral, 1, None, closed="left")],
-        "learning_rate": [StrOptions({"constant", "invscaling"})],
+        "learning_rate": [StrOptions({"constant", "invscaling", "adaptive"})],
         "learning_rate_init": [Interval(Real, 0, None, closed="neither")],
         "power_t": [Interval(Real, 0, None, closed="left")],
         "momentum": [Interval(Real, 0, 1, closed="both")],
@@ -122,6 +124,7 @@ class _OrtMLPBase(OrtEstimatorMixin):
                 epsilon=self.epsilon * scale,
             )
         eta0 = self.learning_rate_init / scale
+        # scikit-learn's MLP sets the rate at each epoch's start from the samples seen, t_
         if self.momentum > 0:
             return LearningRateSGDNesterov(
                 eta0=eta0,
@@ -129,8 +132,11 @@ class _OrtMLPBase(OrtEstimatorMixin):
                 learning_rate=self.learning_rate,
                 momentum=self.momentum,
                 nesterov=self.nesterovs_momentum,
+                per_sample="epoch",
             )
-        return LearningRateSGD(eta0=eta0, power_t=self.power_t, learning_rate=self.learning_rate)
+        return LearningRateSGD(
+            eta0=eta0, power_t=self.power_t, learning_rate=self.learning_rate, per_sample="epoch"
+        )
 
     def _store_weights(self, weights: dict[str, np.ndarray]) -> None:
         names = layer_names(self._n_layers())
