@@ -84,6 +84,11 @@ CHECKED = [
         ),
         OnnxModelClassifier(LogisticRegression(), max_iter=5, random_state=SEED, training=training),
     )
+] + [  # solver='lbfgs' has no training loop: once
+    OrtMLPRegressor(solver="lbfgs", hidden_layer_sizes=(5,), max_iter=50, random_state=SEED),
+    # alpha=1: a fit less sharp than the default's, whose float32 probabilities round to 1.0
+    # where predict_log_proba (the log-softmax) is -1e-8: the check's tolerance is 1e-9
+    OrtMLPClassifier(solver="lbfgs", hidden_layer_sizes=(5,), alpha=1.0, max_iter=50, random_state=SEED),
 ]
 
 SGD_SAMPLE_WEIGHT = (
@@ -798,3 +803,42 @@ def test_adaptive_divides_the_rate_at_plateaus_like_sklearn(training: str, estim
     assert ours.n_iter_ == reference.n_iter_ < params["max_iter"]
     for got, expected in pairs:
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
+
+
+LBFGS_CASES = [("regression", False), ("regression2", True), ("binary", True), ("multiclass", False)]
+
+
+@pytest.mark.parametrize(("kind", "weighted"), LBFGS_CASES)
+def test_mlp_lbfgs_like_sklearn(kind: str, weighted: bool) -> None:
+    """solver='lbfgs': scipy's L-BFGS-B on scikit-learn's objective (mean loss, alpha / 2
+    ||W||^2 over the total sample weight), its loss and gradient from onnxruntime: the first
+    iterations take scikit-learn's path (float32 rounding then drifts); 200 iterations reach
+    its loss within 1 %."""
+    X, y, sw = _mlp_data(kind)
+    classifier = kind in ("binary", "multiclass")
+    ours_class, reference_class = (
+        (OrtMLPClassifier, MLPClassifier) if classifier else (OrtMLPRegressor, MLPRegressor)
+    )
+    params: dict[str, Any] = dict(hidden_layer_sizes=(5,), activation="tanh", alpha=0.1, random_state=SEED)
+    weights = sw if weighted else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        ours = ours_class(solver="lbfgs", max_iter=4, **params).fit(X, y, sample_weight=weights)
+        reference = reference_class(solver="lbfgs", max_iter=4, **params).fit(X, y, sample_weight=weights)
+        assert ours.n_iter_ == reference.n_iter_ == 4
+        np.testing.assert_allclose(ours.loss_, reference.loss_, rtol=1e-4)
+        for got, expected in zip(ours.coefs_ + ours.intercepts_, reference.coefs_ + reference.intercepts_):
+            np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-4)
+        long = ours_class(solver="lbfgs", max_iter=200, **params).fit(X, y, sample_weight=weights)
+        ref_long = reference_class(solver="lbfgs", max_iter=200, **params).fit(X, y, sample_weight=weights)
+    assert long.loss_ == pytest.approx(ref_long.loss_, rel=0.01)
+    assert not hasattr(long, "loss_curve_")
+
+
+def test_mlp_lbfgs_is_not_stochastic() -> None:
+    X, y, _ = _mlp_data("regression")
+    est = OrtMLPRegressor(solver="lbfgs", hidden_layer_sizes=(3,), max_iter=5)
+    assert not hasattr(est, "partial_fit")  # as scikit-learn's: the attribute is not there
+    assert hasattr(OrtMLPRegressor(solver="sgd"), "partial_fit")
+    with pytest.raises(ValueError, match="checkpoint_dir"):
+        OrtMLPRegressor(solver="lbfgs", checkpoint_dir="unused").fit(X, y)

@@ -19,6 +19,7 @@ from sklearn.exceptions import ConvergenceWarning, DataConversionWarning
 from sklearn.metrics import accuracy_score, r2_score
 from sklearn.model_selection import train_test_split
 from sklearn.utils import check_random_state
+from sklearn.utils._available_if import available_if
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.multiclass import check_classification_targets, type_of_target, unique_labels
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
@@ -228,6 +229,24 @@ class OrtEstimatorMixin(BaseEstimator):
         """Our objective over the loss scikit-learn reports (``loss_curve_``, ``tol``)."""
         return scale
 
+    def _full_batch(self) -> bool:
+        """Whether the fit is a full-batch optimisation (the MLPs' 'lbfgs'), not epochs."""
+        return False
+
+    def _check_partial_fit(self) -> bool:
+        """partial_fit exists for the stochastic solvers only, as scikit-learn's."""
+        if self._full_batch():
+            raise AttributeError(
+                f"partial_fit is only available for stochastic optimizers; {self.solver!r} "
+                "is not stochastic (use solver='sgd' or 'adam')"
+            )
+        return True
+
+    def _fit_full_batch(
+        self, trainer: Any, X: Any, y_enc: np.ndarray, sw: np.ndarray | None, n_outputs: int
+    ) -> None:
+        raise NotImplementedError
+
     def _tol_columns(self, n_outputs: int) -> int:
         """How many problems of scikit-learn's the loss sums, each stopping on ``tol`` on its
         own (one-vs-rest SGD: one per class); the trainer stops on ``tol`` times that."""
@@ -375,6 +394,8 @@ class OrtEstimatorMixin(BaseEstimator):
     ) -> _Estimator:
         """fit, partial_fit (``incremental``: one epoch, no validation split) and resume."""
         first = not ((incremental or self.warm_start) and hasattr(self, "_trainer")) or resume
+        if self._full_batch() and (self.checkpoint_dir is not None or resume):
+            raise ValueError("checkpoint_dir and resume() need a stochastic solver ('sgd' or 'adam')")
         if first:
             self._start_fit(X, y)
         X, y_enc, sw, n_outputs = self._fit_arrays(X, y, sample_weight, first, classes)
@@ -403,6 +424,11 @@ class OrtEstimatorMixin(BaseEstimator):
             scoring = _ValidationScore(self, validation, self.tol, self.n_iter_no_change)
             trainer.tol = None
         trainer.callbacks = [scoring] if scoring is not None else None
+        if self._full_batch():  # scikit-learn's L-BFGS: no epochs, no early stopping
+            if first:
+                self.t_ = self._t_start
+            self._fit_full_batch(trainer, X, y_enc, sw, n_outputs)
+            return self
         epochs_before = int(getattr(trainer, "n_iter_", 0))
         self._train(trainer.resume if resume else trainer.fit, (X, y_enc, sw), validation)
         if scoring is not None:
@@ -649,6 +675,7 @@ class OrtRegressorMixin(OrtEstimatorMixin):
         tags.target_tags.multi_output = self._multi_output
         return tags
 
+    @available_if(lambda est: est._check_partial_fit())
     def partial_fit(self: _Estimator, X: Any, y: Any, sample_weight: Any = None) -> _Estimator:
         """One epoch over (X, y), continuing the current weights (from the initial ones on
         the first call).
@@ -693,6 +720,7 @@ class OrtClassifierMixin(OrtEstimatorMixin):
 
     _is_classifier = True
 
+    @available_if(lambda est: est._check_partial_fit())
     def partial_fit(
         self: _Estimator, X: Any, y: Any, classes: Any = None, sample_weight: Any = None
     ) -> _Estimator:

@@ -4,15 +4,26 @@ onnxruntime."""
 from __future__ import annotations
 
 import itertools
+import warnings
 from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
 from onnx import ModelProto
 from sklearn.base import ClassifierMixin, RegressorMixin
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from ort_train_core import BaseLearningRate, LearningRateAdam, LearningRateSGD, LearningRateSGDNesterov
+from ort_train_core import (
+    BaseLearningRate,
+    DerivativeOptions,
+    LearningRateAdam,
+    LearningRateSGD,
+    LearningRateSGDNesterov,
+    add_loss_output,
+    onnx_derivative,
+    parse_device,
+)
 
 from ._base import _COMMON_CONSTRAINTS, OrtClassifierMixin, OrtEstimatorMixin, OrtRegressorMixin
 from ._docs import Entry, fill_doc
@@ -26,7 +37,14 @@ _MLP_ENTRIES: dict[str, Entry] = {
         "The activation of the hidden layers; the initial weights are scikit-learn's Glorot\n"
         "uniform draws for it.",
     ),
-    "solver": ("{'sgd', 'adam'}", "The optimizer (scikit-learn's 'lbfgs' is not offered)."),
+    "solver": (
+        "{'sgd', 'adam', 'lbfgs'}",
+        "The optimizer. 'lbfgs': scipy's L-BFGS-B over the whole training set, the loss and its\n"
+        "gradient computed by onnxruntime from the graph (memory: the whole set's activations);\n"
+        "``max_iter`` bounds its iterations, ``max_fun`` its loss evaluations, ``tol`` is its\n"
+        "gradient tolerance; no batches, early stopping or checkpoints, as scikit-learn's.",
+    ),
+    "max_fun": ("int", "'lbfgs' only: the most loss and gradient evaluations."),
     "alpha": ("float", "The strength of the l2 penalty on the coefficient matrices, as scikit-learn's."),
     "batch_size": ("int or 'auto'", "Rows per step; 'auto' is ``min(200, n_samples)``."),
     "learning_rate": (
@@ -51,7 +69,7 @@ _MLP_ENTRIES: dict[str, Entry] = {
         "%(hidden_layer_sizes)s\n%(activation)s\n%(solver)s\n%(alpha)s\n%(batch_size)s\n%(learning_rate)s\n"
         "%(learning_rate_init)s\n%(power_t)s\n%(max_iter)s\n%(shuffle)s\n%(random_state)s\n%(tol)s\n"
         "%(verbose)s\n%(warm_start)s\n%(momentum)s\n%(nesterovs_momentum)s\n%(early_stopping)s\n"
-        "%(validation_fraction)s\n%(beta_1)s\n%(beta_2)s\n%(epsilon)s\n%(n_iter_no_change)s\n%(device)s\n"
+        "%(validation_fraction)s\n%(beta_1)s\n%(beta_2)s\n%(epsilon)s\n%(n_iter_no_change)s\n%(max_fun)s\n%(device)s\n"
         "%(training)s\n%(checkpoint_dir)s\n%(checkpoint_every)s"
     ),
 }
@@ -64,7 +82,8 @@ class _OrtMLPBase(OrtEstimatorMixin):
         **_COMMON_CONSTRAINTS,
         "hidden_layer_sizes": ["array-like", Interval(Integral, 1, None, closed="left")],
         "activation": [StrOptions({"identity", "logistic", "tanh", "relu"})],
-        "solver": [StrOptions({"sgd", "adam"})],
+        "solver": [StrOptions({"sgd", "adam", "lbfgs"})],
+        "max_fun": [Interval(Integral, 1, None, closed="left")],
         "alpha": [Interval(Real, 0, None, closed="left")],
         "batch_size": [StrOptions({"auto"}), Interval(Integral, 1, None, closed="left")],
         "learning_rate": [StrOptions({"constant", "invscaling", "adaptive"})],
@@ -138,6 +157,111 @@ class _OrtMLPBase(OrtEstimatorMixin):
             eta0=eta0, power_t=self.power_t, learning_rate=self.learning_rate, per_sample="epoch"
         )
 
+    def _full_batch(self) -> bool:
+        return bool(self.solver == "lbfgs")
+
+    def _fit_full_batch(
+        self, trainer: Any, X: Any, y_enc: np.ndarray, sw: np.ndarray | None, n_outputs: int
+    ) -> None:
+        """scikit-learn's 'lbfgs': scipy's L-BFGS-B on the mean loss over the whole set plus
+        ``alpha / 2 ||W||^2 / sum(sample_weight)``, in scikit-learn's scale; onnxruntime
+        computes the loss and its gradient (the gradient graph of the loss graph, weights as
+        inputs). The weights start from the trainer's (Glorot, or the current ones with
+        ``warm_start``) and end in it."""
+        import onnxruntime
+        from scipy.optimize import minimize
+
+        model = self._raw_model
+        score, _, scale = self._loss(n_outputs)
+        names = self._trained_weights(model)
+        n = int(X.shape[0])
+        total_weight = float(n if sw is None else np.sum(sw, dtype=np.float64))
+        _, l2 = self._penalty(scale, total_weight)
+        penalty = {w: {"l2": l2} for w in self._penalized_weights(model)} if l2 else None
+        loss_model = add_loss_output(
+            model, score, weight_name="sample_weight", penalty=penalty, reduction="mean"
+        )
+        data_inputs = {i.name for i in model.graph.input}
+        labels = [i for i in loss_model.graph.input if i.name not in data_inputs and i.name not in names]
+        grad_model = onnx_derivative(
+            loss_model,
+            weights=names,
+            inputs=[],
+            options=DerivativeOptions.Loss,
+            loss="loss",
+            label=[i.name for i in labels],
+        )
+        sess = onnxruntime.InferenceSession(
+            grad_model.SerializeToString(), providers=parse_device(self.device).providers
+        )
+        from onnx import helper
+
+        feeds: dict[str, Any] = {model.graph.input[0].name: X.toarray() if hasattr(X, "toarray") else X}
+        for vi in labels:
+            dtype = helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+            if vi.name == "sample_weight":
+                feeds[vi.name] = np.ones(n, dtype=dtype) if sw is None else sw.astype(dtype)
+                continue
+            rank = len(vi.type.tensor_type.shape.dim)
+            y = y_enc.reshape(n, -1) if rank == 2 else y_enc.reshape(n)
+            feeds[vi.name] = y.astype(dtype)
+        state = trainer.get_state()
+        shapes = [state[w].shape for w in names]
+        sizes = [int(np.prod(shape)) for shape in shapes]
+        outputs = ["loss", *(f"{w}_grad" for w in names)]
+
+        def unpack(x: np.ndarray) -> dict[str, np.ndarray]:
+            parts = np.split(x, np.cumsum(sizes)[:-1])
+            return {w: p.reshape(shape).astype(np.float32) for w, p, shape in zip(names, parts, shapes)}
+
+        # scikit-learn's gradient is that of the loss summed over the outputs, its reported value
+        # the mean over rows and outputs plus the penalty: the same for one output. For several,
+        # the optimiser gets the objective of the gradient (their pair is inconsistent, and the
+        # line search stops early on it in float32) and loss_ is reported in scikit-learn's scale
+        per_output = self._report_scale / scale
+        penalized = [names.index(w) for w in self._penalized_weights(model)] if l2 else []
+
+        def loss_and_gradient(x: np.ndarray) -> tuple[float, np.ndarray]:
+            loss, *grads = sess.run(outputs, {**feeds, **unpack(x)})
+            gradient = np.concatenate([np.asarray(g, dtype=np.float64).ravel() for g in grads])
+            return float(loss) / scale, gradient / scale
+
+        def reported_loss(x: np.ndarray) -> float:
+            loss = float(sess.run(["loss"], {**feeds, **unpack(x)})[0])
+            parts = np.split(x, np.cumsum(sizes)[:-1])
+            pen = l2 * sum(float(np.sum(np.square(parts[k], dtype=np.float64))) for k in penalized)
+            return (loss - pen) / (scale * per_output) + pen / scale
+
+        x0 = np.concatenate([np.asarray(state[w], dtype=np.float64).ravel() for w in names])
+        result = minimize(
+            loss_and_gradient,
+            x0,
+            method="L-BFGS-B",
+            jac=True,
+            options={
+                "maxfun": int(self.max_fun),
+                "maxiter": int(self.max_iter),
+                "gtol": 0.0 if self.tol is None else float(self.tol),
+            },
+        )
+        if not result.success:
+            warnings.warn(
+                f"{type(self).__name__}: lbfgs failed to converge after {result.nit} iteration(s) "
+                f"({result.message}); increase max_iter or max_fun, or scale the data",
+                ConvergenceWarning,
+                stacklevel=4,
+            )
+        if not np.isfinite(result.x).all():
+            raise ValueError(
+                "Solver produced non-finite parameter weights. The input data may contain large "
+                "values and need to be preprocessed."
+            )
+        trainer.set_state(unpack(result.x))
+        self._store_weights(trainer.get_state())
+        self.n_iter_ = min(int(result.nit), int(self.max_iter))
+        self.loss_ = float(result.fun) if per_output == 1 else reported_loss(result.x)
+        self._sessions = {}
+
     def _store_weights(self, weights: dict[str, np.ndarray]) -> None:
         names = layer_names(self._n_layers())
         self.coefs_ = [weights[c].astype(np.float64) for c, _ in names]
@@ -199,6 +323,7 @@ class OrtMLPRegressor(OrtRegressorMixin, RegressorMixin, _OrtMLPBase):
         beta_2: float = 0.999,
         epsilon: float = 1e-8,
         n_iter_no_change: int = 10,
+        max_fun: int = 15000,
         device: str = "cpu",
         training: str = "full",
         checkpoint_dir: str | None = None,
@@ -227,6 +352,7 @@ class OrtMLPRegressor(OrtRegressorMixin, RegressorMixin, _OrtMLPBase):
         self.beta_2 = beta_2
         self.epsilon = epsilon
         self.n_iter_no_change = n_iter_no_change
+        self.max_fun = max_fun
         self.device = device
         self.training = training
         self.checkpoint_dir = checkpoint_dir
@@ -294,6 +420,7 @@ class OrtMLPClassifier(OrtClassifierMixin, ClassifierMixin, _OrtMLPBase):
         beta_2: float = 0.999,
         epsilon: float = 1e-8,
         n_iter_no_change: int = 10,
+        max_fun: int = 15000,
         device: str = "cpu",
         training: str = "full",
         checkpoint_dir: str | None = None,
@@ -321,6 +448,7 @@ class OrtMLPClassifier(OrtClassifierMixin, ClassifierMixin, _OrtMLPBase):
         self.beta_2 = beta_2
         self.epsilon = epsilon
         self.n_iter_no_change = n_iter_no_change
+        self.max_fun = max_fun
         self.device = device
         self.training = training
         self.checkpoint_dir = checkpoint_dir
