@@ -229,6 +229,10 @@ class OrtEstimatorMixin(BaseEstimator):
         """Our objective over the loss scikit-learn reports (``loss_curve_``, ``tol``)."""
         return scale
 
+    def _step_callback(self, first: bool) -> Callback | None:
+        """A callback of every step (the SGD estimators' ``average``), None without."""
+        return None
+
     def _full_batch(self) -> bool:
         """Whether the fit is a full-batch optimisation (the MLPs' 'lbfgs'), not epochs."""
         return False
@@ -423,7 +427,8 @@ class OrtEstimatorMixin(BaseEstimator):
             # the validation loss (and checkpoints it) but this callback decides
             scoring = _ValidationScore(self, validation, self.tol, self.n_iter_no_change)
             trainer.tol = None
-        trainer.callbacks = [scoring] if scoring is not None else None
+        callbacks = [cb for cb in (scoring, self._step_callback(first)) if cb is not None]
+        trainer.callbacks = callbacks or None
         if self._full_batch():  # scikit-learn's L-BFGS: no epochs, no early stopping
             if first:
                 self.t_ = self._t_start

@@ -17,6 +17,7 @@ from sklearn.utils.class_weight import compute_class_weight
 
 from ort_train_core import (
     BaseLearningRate,
+    Callback,
     EpsilonInsensitiveLearningLoss,
     HuberLearningLoss,
     LearningRateSGD,
@@ -67,6 +68,13 @@ _SGD_ENTRIES: dict[str, Entry] = {
         "per-sample steps to first order, the same steps for ``B = 1``.",
     ),
     "eta0": ("float", "The initial learning rate, for scikit-learn's loss scale."),
+    "average": (
+        "bool or int",
+        "Averaged SGD, as scikit-learn's: ``coef_``, ``intercept_`` and the predictions are the\n"
+        "mean of the weights over the samples seen from sample ``average`` on (True: 1), each\n"
+        "sample counting the weights after its batch's step (scikit-learn's exactly with\n"
+        "``batch_size=1``). Reads the weights after every step; not with ``checkpoint_dir``.",
+    ),
     "batch_size": (
         "int or 'auto'",
         "Rows per step. 1 is per-sample SGD, scikit-learn's steps exactly (one onnxruntime run per\n"
@@ -78,10 +86,39 @@ _SGD_ENTRIES: dict[str, Entry] = {
     "sgd_parameters": (
         "%(penalty)s\n%(alpha)s\n%(l1_ratio)s\n%(fit_intercept)s\n%(max_iter)s\n%(tol)s\n%(shuffle)s\n"
         "%(verbose)s\n%(random_state)s\n%(learning_rate)s\n%(eta0)s\n%(power_t)s\n%(early_stopping)s\n"
-        "%(validation_fraction)s\n%(n_iter_no_change)s\n%(warm_start)s\n%(batch_size)s\n%(device)s\n"
+        "%(validation_fraction)s\n%(n_iter_no_change)s\n%(warm_start)s\n%(average)s\n%(batch_size)s\n%(device)s\n"
         "%(training)s\n%(checkpoint_dir)s\n%(checkpoint_every)s"
     ),
 }
+
+
+class _Averaging(Callback):
+    """scikit-learn's averaged SGD (``average``): after each step, the running mean of the
+    weights over the samples seen from sample ``start`` on (``t`` from 1), each sample counting
+    the weights after its batch's step (with one row per batch, scikit-learn's average
+    exactly). The mean lives in ``estimator._average_weights`` across warm starts and
+    ``partial_fit``."""
+
+    def __init__(self, estimator: _OrtSGDBase, start: int) -> None:
+        self.estimator = estimator
+        self.start = start
+
+    def on_batch_end(self, trainer: Any, epoch: int, batch: int, loss: float) -> None:
+        runner = trainer._runner
+        seen = int(runner.n_samples)  # samples t = 1..seen have been stepped on
+        rows = int(runner.batch_rows[batch])
+        new = min(rows, seen - self.start + 1)  # this batch's samples with t >= start
+        if new <= 0:
+            return
+        before = seen - rows - self.start + 1  # samples averaged so far
+        average = self.estimator._average_weights
+        assert average is not None  # made with the callback
+        for name in average:
+            current = runner.buffers[name][runner.parity].read()
+            if before <= 0:
+                average[name] = current.astype(np.float64)
+            else:
+                average[name] += (current - average[name]) * (new / (before + new))
 
 
 class _OrtSGDBase(OrtEstimatorMixin):
@@ -102,7 +139,48 @@ class _OrtSGDBase(OrtEstimatorMixin):
         "eta0": [Interval(Real, 0, None, closed="neither")],
         "power_t": [Interval(Real, None, None, closed="neither")],
         "batch_size": [Interval(Integral, 1, None, closed="left"), StrOptions({"auto"})],
+        "average": ["boolean", Interval(Integral, 0, None, closed="left")],
     }
+
+    def _average_start(self) -> int:
+        """The sample (t from 1) from which the weights are averaged; 0: no averaging."""
+        return int(self.average)
+
+    def _step_callback(self, first: bool) -> Callback | None:
+        start = self._average_start()
+        if start <= 0:
+            return None
+        if self.checkpoint_dir is not None:
+            raise ValueError(
+                "average with checkpoint_dir: the averaged weights are not in the checkpoints; "
+                "use one or the other"
+            )
+        if first or getattr(self, "_average_weights", None) is None:
+            self._average_weights: dict[str, np.ndarray] | None = {
+                name: np.zeros(0) for name in self._trained_weights(self._raw_model)
+            }
+        return _Averaging(self, start)
+
+    def _averaging(self) -> bool:
+        """Whether coef_ and the predictions use the averaged weights: averaging has begun,
+        ``average`` <= the samples stepped on (scikit-learn: ``average <= t_ - 1``)."""
+        start = self._average_start()
+        if start <= 0 or getattr(self, "_average_weights", None) is None:
+            return False
+        return bool(start <= self._trainer._current_state().n_samples)
+
+    def _trained_graph(self) -> ModelProto:
+        model = super()._trained_graph()
+        if not self._averaging():
+            return model
+        from onnx import numpy_helper
+
+        average = self._average_weights or {}
+        for i, init in enumerate(model.graph.initializer):
+            if init.name in average:
+                value = average[init.name].astype(numpy_helper.to_array(init).dtype)
+                model.graph.initializer[i].CopyFrom(numpy_helper.from_array(value, init.name))
+        return model
 
     def _initial_graph(self, n_features: int, n_outputs: int, rng: np.random.RandomState) -> ModelProto:
         # scikit-learn starts SGD from zeros
@@ -153,6 +231,8 @@ class _OrtSGDBase(OrtEstimatorMixin):
 
     def _store_weights(self, weights: dict[str, np.ndarray]) -> None:
         coef_name, intercept_name = layer_names(1)[0]
+        if self._averaging():
+            weights = {**weights, **(self._average_weights or {})}
         coef = weights[coef_name].T
         intercept = weights.get(intercept_name, self._raw_intercept())
         self._store_linear(coef, intercept)
@@ -230,6 +310,7 @@ class OrtSGDRegressor(OrtRegressorMixin, RegressorMixin, _OrtSGDBase):
         validation_fraction: float = 0.1,
         n_iter_no_change: int = 5,
         warm_start: bool = False,
+        average: bool | int = False,
         batch_size: int | str = "auto",
         device: str = "cpu",
         training: str = "full",
@@ -254,6 +335,7 @@ class OrtSGDRegressor(OrtRegressorMixin, RegressorMixin, _OrtSGDBase):
         self.validation_fraction = validation_fraction
         self.n_iter_no_change = n_iter_no_change
         self.warm_start = warm_start
+        self.average = average
         self.batch_size = batch_size
         self.device = device
         self.training = training
@@ -337,6 +419,7 @@ class OrtSGDClassifier(OrtClassifierMixin, ClassifierMixin, _OrtSGDBase):
         validation_fraction: float = 0.1,
         n_iter_no_change: int = 5,
         warm_start: bool = False,
+        average: bool | int = False,
         batch_size: int | str = "auto",
         device: str = "cpu",
         training: str = "full",
@@ -362,6 +445,7 @@ class OrtSGDClassifier(OrtClassifierMixin, ClassifierMixin, _OrtSGDBase):
         self.validation_fraction = validation_fraction
         self.n_iter_no_change = n_iter_no_change
         self.warm_start = warm_start
+        self.average = average
         self.batch_size = batch_size
         self.device = device
         self.training = training
