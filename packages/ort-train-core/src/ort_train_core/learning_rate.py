@@ -1,4 +1,5 @@
-"""Learning rates: the schedule of eta over epochs and the update rule, written once.
+"""Learning rates: the schedule of eta (over epochs, or over samples as scikit-learn's SGD
+counts them) and the update rule, written once.
 
 The update rule is emitted as ONNX nodes (:meth:`BaseLearningRate.update_nodes`): the full loop
 appends them to its fused step graph, the partial loop runs them as a small graph of their own.
