@@ -34,8 +34,10 @@ X_test = scaler.transform(X_test).astype(np.float32)
 # A logistic regression by SGD
 # ----------------------------
 #
-# The parameters are scikit-learn's; ``batch_size`` (1 by default, as scikit-learn's SGD) and
-# ``training`` (``'full'`` or ``'partial'``) are ours.
+# The parameters are scikit-learn's, its schedules counted per sample as it counts them;
+# ``batch_size`` (``'auto'`` by default: about 32 steps per epoch; 1 takes scikit-learn's
+# per-sample steps exactly, one onnxruntime run per row) and ``training`` (``'full'`` or
+# ``'partial'``) are ours.
 
 ours = OrtSGDClassifier(loss="log_loss", alpha=1e-3, max_iter=20, tol=None, random_state=0)
 ours.fit(X_train, y_train)
