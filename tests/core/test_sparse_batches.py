@@ -61,3 +61,33 @@ def test_sparse_values_are_checked() -> None:
         trainer.fit(bad, y)
     with pytest.raises(ValueError, match="4 features but the model expects 3"):
         trainer.fit(sp.random(41, 4, density=0.5, format="csr", random_state=0), y)
+
+
+def test_the_callers_matrix_is_not_modified() -> None:
+    """A float32 CSR matrix with unsorted column indices is trained on as it is: its values,
+    indices and dtype stay the caller's (a float64 one is cast into new values)."""
+    X, y = _data()
+    X32 = X.astype(np.float32)
+    data, indices = X32.data.copy(), X32.indices.copy()
+    for row in range(X32.shape[0]):  # reverse each row's entries: the same matrix, unsorted
+        s, e = X32.indptr[row], X32.indptr[row + 1]
+        data[s:e], indices[s:e] = data[s:e][::-1].copy(), indices[s:e][::-1].copy()
+    unsorted = sp.csr_matrix((data, indices, X32.indptr.copy()), shape=X32.shape)
+    assert not unsorted.has_sorted_indices
+    before = (unsorted.data.copy(), unsorted.indices.copy())
+    trainer = OrtGradientOptimizer(
+        add_loss_output(build_linear(seed=1)), batch_size=8, max_iter=2, shuffle=True, random_state=3
+    )
+    trainer.fit(unsorted, y)
+    np.testing.assert_array_equal(unsorted.data, before[0])
+    np.testing.assert_array_equal(unsorted.indices, before[1])
+    np.testing.assert_array_equal(unsorted.toarray(), X32.toarray())
+    dense = OrtGradientOptimizer(
+        add_loss_output(build_linear(seed=1)), batch_size=8, max_iter=2, shuffle=True, random_state=3
+    )
+    dense.fit(X32.toarray(), y)
+    np.testing.assert_allclose(trainer.get_state()["coef"], dense.get_state()["coef"], rtol=1e-6)
+    X64 = X.copy()
+    OrtGradientOptimizer(add_loss_output(build_linear(seed=1)), max_iter=1).fit(X64, y)
+    assert X64.dtype == np.float64
+    np.testing.assert_array_equal(X64.toarray(), X.toarray())

@@ -89,18 +89,40 @@ def _check_sparse(spec: FeatureSpec, value: Any, what: str) -> Any:
         raise TypeError(
             f"{what} is sparse but the model's input {spec.name!r} is {spec.dtype}: give a dense array"
         )
-    csr = value.tocsr()
+    csr = sparse_as(what, value, spec.dtype)
     if csr.shape[0] == 0:
         raise ValueError(f"{what} has no rows")
     want = spec.dims[1] if spec.dims is not None else None
     if want is not None and csr.shape[1] != want:
         raise ValueError(f"{what} has {csr.shape[1]} features but the model expects {want}")
-    data = _as_numeric(what, csr.data)
-    _check_finite(what, data)
-    out = csr.copy() if csr is value else csr
-    out.data = cast_checked(what, data, spec.dtype)
-    out.sort_indices()
-    return out
+    return csr
+
+
+def sparse_as(name: str, value: Any, dtype: np.dtype) -> Any:
+    """A sparse matrix as CSR in ``dtype``, its stored values checked (numbers, finite, within
+    the type's range). The caller's matrix is never modified: a CSR matrix already in ``dtype``
+    is returned as it is, another gets new values sharing its index arrays.
+
+    Parameters
+    ----------
+    name : str
+        What the matrix is (``'X'``), for the error messages.
+    value : scipy.sparse matrix or array
+        Any format.
+    dtype : numpy.dtype
+        The float type of the values.
+
+    Returns
+    -------
+    scipy.sparse CSR matrix or array
+        The values in ``dtype``.
+    """
+    csr = value.tocsr()  # ``value`` itself when it is CSR already
+    data = _as_numeric(name, csr.data)
+    _check_finite(name, data)
+    if data.dtype == dtype:
+        return csr
+    return type(csr)((cast_checked(name, data, dtype), csr.indices, csr.indptr), shape=csr.shape)
 
 
 def _as_numeric(name: str, value: Any) -> np.ndarray:

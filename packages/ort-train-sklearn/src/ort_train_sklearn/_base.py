@@ -36,7 +36,7 @@ from ort_train_core import (
     initializers_to_inputs,
     parse_device,
 )
-from ort_train_core._data import dense_rows, is_sparse
+from ort_train_core._data import dense_rows, is_sparse, sparse_as
 
 from ._graphs import classifier_head, probabilities
 
@@ -67,9 +67,7 @@ def _to_float32(name: str, values: Any) -> np.ndarray:
     its range are refused (core's cast: a float64 1e39 would otherwise become inf). A sparse
     matrix stays sparse (CSR), its stored values cast."""
     if is_sparse(values):
-        csr = values.tocsr(copy=True)
-        csr.data = cast_checked(name, csr.data, np.dtype(np.float32))
-        out: np.ndarray = csr
+        out: np.ndarray = sparse_as(name, values, np.dtype(np.float32))
         return out
     return cast_checked(name, np.asarray(values), np.dtype(np.float32))
 
