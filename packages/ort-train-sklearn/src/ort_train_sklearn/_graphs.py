@@ -306,10 +306,7 @@ def ovr_probabilities(decision: np.ndarray, kind: str) -> np.ndarray:
     if kind != "modified_huber" and d.shape[1] > 1:
         # the normalised sigmoids as the softmax of the log-sigmoids (the graph's formula): the
         # same values, and no 0 / 0 where every sigmoid of a row underflows
-        log_p = -np.logaddexp(0.0, -d)
-        e = np.exp(log_p - log_p.max(axis=1, keepdims=True))
-        normalised: np.ndarray = e / e.sum(axis=1, keepdims=True)
-        return normalised
+        return probabilities(-np.logaddexp(0.0, -d))
     p = (np.clip(d, -1, 1) + 1) / 2 if kind == "modified_huber" else 0.5 * (1 + np.tanh(d / 2))
     if p.shape[1] == 1:
         return np.column_stack([1 - p[:, 0], p[:, 0]])

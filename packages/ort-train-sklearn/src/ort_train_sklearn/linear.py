@@ -22,7 +22,7 @@ from ort_train_core import (
     HuberLearningLoss,
     LearningRateSGD,
 )
-from ort_train_core.graph import initializer_values
+from ort_train_core.graph import initializer_values, inputs_to_initializers
 from ort_train_core.losses import make_loss
 
 from ._base import _COMMON_CONSTRAINTS, OrtClassifierMixin, OrtEstimatorMixin, OrtRegressorMixin
@@ -113,8 +113,9 @@ class _Averaging(Callback):
         before = seen - rows - self.start + 1  # samples averaged so far
         average = self.estimator._average_weights
         assert average is not None  # made with the callback
+        weights = runner.snapshot().weights
         for name in average:
-            current = runner.buffers[name][runner.parity].read()
+            current = weights[name]
             if before <= 0:
                 average[name] = current.astype(np.float64)
             else:
@@ -173,14 +174,9 @@ class _OrtSGDBase(OrtEstimatorMixin):
         model = super()._trained_graph()
         if not self._averaging():
             return model
-        from onnx import numpy_helper
-
         average = self._average_weights or {}
-        for i, init in enumerate(model.graph.initializer):
-            if init.name in average:
-                value = average[init.name].astype(numpy_helper.to_array(init).dtype)
-                model.graph.initializer[i].CopyFrom(numpy_helper.from_array(value, init.name))
-        return model
+        current = initializer_values(model, list(average))
+        return inputs_to_initializers(model, {n: a.astype(current[n].dtype) for n, a in average.items()})
 
     def _initial_graph(self, n_features: int, n_outputs: int, rng: np.random.RandomState) -> ModelProto:
         # scikit-learn starts SGD from zeros

@@ -9,7 +9,7 @@ from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
-from onnx import ModelProto
+from onnx import ModelProto, helper
 from sklearn.base import ClassifierMixin, RegressorMixin
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import Interval, StrOptions
@@ -24,6 +24,7 @@ from ort_train_core import (
     onnx_derivative,
     parse_device,
 )
+from ort_train_core._data import dense_rows, is_sparse
 
 from ._base import _COMMON_CONSTRAINTS, OrtClassifierMixin, OrtEstimatorMixin, OrtRegressorMixin
 from ._docs import Entry, fill_doc
@@ -194,9 +195,7 @@ class _OrtMLPBase(OrtEstimatorMixin):
         sess = onnxruntime.InferenceSession(
             grad_model.SerializeToString(), providers=parse_device(self.device).providers
         )
-        from onnx import helper
-
-        feeds: dict[str, Any] = {model.graph.input[0].name: X.toarray() if hasattr(X, "toarray") else X}
+        feeds: dict[str, Any] = {model.graph.input[0].name: dense_rows(X, slice(None)) if is_sparse(X) else X}
         for vi in labels:
             dtype = helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
             if vi.name == "sample_weight":
@@ -207,11 +206,11 @@ class _OrtMLPBase(OrtEstimatorMixin):
             feeds[vi.name] = y.astype(dtype)
         state = trainer.get_state()
         shapes = [state[w].shape for w in names]
-        sizes = [int(np.prod(shape)) for shape in shapes]
+        bounds = np.cumsum([int(np.prod(shape)) for shape in shapes])[:-1]
         outputs = ["loss", *(f"{w}_grad" for w in names)]
 
         def unpack(x: np.ndarray) -> dict[str, np.ndarray]:
-            parts = np.split(x, np.cumsum(sizes)[:-1])
+            parts = np.split(x, bounds)
             return {w: p.reshape(shape).astype(np.float32) for w, p, shape in zip(names, parts, shapes)}
 
         # scikit-learn's gradient is that of the loss summed over the outputs, its reported value
@@ -228,7 +227,7 @@ class _OrtMLPBase(OrtEstimatorMixin):
 
         def reported_loss(x: np.ndarray) -> float:
             loss = float(sess.run(["loss"], {**feeds, **unpack(x)})[0])
-            parts = np.split(x, np.cumsum(sizes)[:-1])
+            parts = np.split(x, bounds)
             pen = l2 * sum(float(np.sum(np.square(parts[k], dtype=np.float64))) for k in penalized)
             return (loss - pen) / (scale * per_output) + pen / scale
 
