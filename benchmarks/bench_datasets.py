@@ -126,6 +126,7 @@ def run_case(name: str, task: str, estimator: str, seeds: tuple[int, ...]) -> di
             }
         )
     return {
+        "name": f"{name}/{estimator}",
         "dataset": name,
         "estimator": estimator,
         "n_train": int(len(X) * 0.75),
@@ -205,17 +206,8 @@ def markdown_lines(report: dict[str, Any]) -> list[str]:
         rows,
         ["l", "r", "l", "r", "r", "r", "r", "r", "r"],
     )
-    lines += ["", f"Load average (1 min) around each case: {load_text(report['cases'])}"]
+    lines += ["", f"Load average (1 min) around each case: {common.load_text(report['cases'])}"]
     return lines
-
-
-def load_text(cases: list[dict[str, Any]]) -> str:
-    loads = [
-        (f"{c['dataset']}/{c['estimator']}", c["loadavg_1min"])
-        for c in cases
-        if None not in c["loadavg_1min"]
-    ]
-    return ", ".join(f"{name} {a:.1f}-{b:.1f}" for name, (a, b) in loads) + "."
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -487,7 +487,8 @@ class BatchStore:
         #: the gathering path, in row order when not shuffling
         self._sparse = [is_sparse(a) for a in arrays]
         sparse = any(self._sparse)
-        if sparse and device_resident(device):
+        resident = device_resident(device)
+        if sparse and resident:
             raise TypeError(
                 f"sparse X on {device}: the batches are gathered on the device from dense arrays; "
                 "densify it (X.toarray()) or train on the CPU"
@@ -499,7 +500,6 @@ class BatchStore:
         self._keep: list[Any] = []
         self._order: np.ndarray | None = None
         self._gather: list[tuple[Any, Any]] = []
-        resident = device_resident(device)
         #: whether the fit loop must call fill(i) before step i
         self.gathers = shuffle or sparse
         if sparse and not shuffle:
