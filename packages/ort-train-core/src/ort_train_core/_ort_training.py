@@ -99,7 +99,7 @@ class OrtTrainingBackend:
                 out.graph.output.extend(kept)
         out.ir_version = min(out.ir_version, MAX_IR_VERSION)
         out = double_gradient_rewrites(shaped_max_pool_grads(out), _output_type(model, loss_name))
-        return fold_static_shapes(out)
+        return fold_broadcast_gradients(fold_static_shapes(out))
 
     def fused_step(
         self,
@@ -569,6 +569,143 @@ def fold_static_shapes(model: ModelProto) -> ModelProto:
     del out.graph.node[:]
     out.graph.node.extend(nodes)
     return out
+
+
+def fold_broadcast_gradients(model: ModelProto) -> ModelProto:
+    """Removes the broadcasting arithmetic of the gradient builder where every shape is known.
+
+    The builder differentiates each broadcasting binary operator with a com.microsoft
+    ``BroadcastGradientArgs`` (the axes to sum), then ``ReduceSum`` over those axes and a
+    ``Reshape`` back to the operand's shape, and each reduction with an ``Expand`` back to the
+    input's shape, whether or not anything broadcasts. onnxruntime cannot fold
+    ``BroadcastGradientArgs``, so in a fixed-batch graph (after :func:`fold_static_shapes`) the
+    chain still ran as three kernels per operator: a quarter of a linear model's fused step.
+    Here, with both shapes constant:
+
+    - ``BroadcastGradientArgs`` becomes two constant axis lists (the axes where the operand is
+      missing or 1 and the broadcast shape is not);
+    - ``ReduceSum`` over no axis (``noop_with_empty_axes=1``) or over axes of size 1 with
+      ``keepdims=1``, ``Reshape`` and ``Expand`` to the shape their input already has become
+      ``Identity`` (onnxruntime removes those);
+    - an ``Expand`` read only by broadcasting ``Mul``/``Add``/``Sub``/``Div`` whose output shape
+      is the same without it is bypassed (the operator broadcasts the same values).
+
+    Values are unchanged; graphs with a dynamic batch dimension keep their run-time arithmetic.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        A gradient graph.
+
+    Returns
+    -------
+    onnx.ModelProto
+        A rewritten copy, or ``model`` itself when it has no ``BroadcastGradientArgs``.
+    """
+    if not any(n.op_type == "BroadcastGradientArgs" for n in model.graph.node):
+        return model
+    out = ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    consts: dict[str, np.ndarray] = {i.name: numpy_helper.to_array(i) for i in g.initializer}
+    for node in g.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            consts[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    folded: list[onnx.NodeProto] = []
+    for node in g.node:
+        if node.op_type == "BroadcastGradientArgs" and all(i in consts for i in node.input):
+            shape_a, shape_b = (tuple(int(d) for d in consts[i]) for i in node.input)
+            for name, axes in zip(node.output, _broadcast_reduce_axes(shape_a, shape_b), strict=True):
+                if name:
+                    value = numpy_helper.from_array(np.array(axes, dtype=np.int64))
+                    folded.append(
+                        helper.make_node("Constant", [], [name], name=f"{name}_folded", value=value)
+                    )
+                    consts[name] = np.array(axes, dtype=np.int64)
+        else:
+            folded.append(node)
+    del g.node[:]
+    g.node.extend(folded)
+    shapes, _ = _static_shapes(out)
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in g.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    graph_outputs = {o.name for o in g.output}
+    for node in g.node:  # topological order: an Identity's output shape is known to its readers
+        same = _shape_preserving(node, consts, shapes)
+        if same:
+            shapes[node.output[0]] = shapes[node.input[0]]
+            kept_input = node.input[0]
+            del node.input[:]
+            node.input.append(kept_input)
+            del node.attribute[:]
+            node.op_type, node.domain = "Identity", ""
+        elif node.op_type == "Expand" and node.output[0] not in graph_outputs:
+            _bypass_expand(node, readers.get(node.output[0], []), shapes)
+    return out
+
+
+def _broadcast_reduce_axes(shape_a: tuple[int, ...], shape_b: tuple[int, ...]) -> tuple[list[int], list[int]]:
+    """The axes of the broadcast shape of ``a op b`` that the gradient of each operand sums."""
+    rank = max(len(shape_a), len(shape_b))
+    a = (1,) * (rank - len(shape_a)) + shape_a
+    b = (1,) * (rank - len(shape_b)) + shape_b
+    full = [max(x, y) for x, y in zip(a, b, strict=True)]
+    axes_a = [i for i in range(rank) if (i < rank - len(shape_a) or a[i] == 1) and full[i] != 1]
+    axes_b = [i for i in range(rank) if (i < rank - len(shape_b) or b[i] == 1) and full[i] != 1]
+    # an operand of lower rank also loses its leading axes of size 1 (Reshape restores them)
+    axes_a += [i for i in range(rank - len(shape_a)) if full[i] == 1]
+    axes_b += [i for i in range(rank - len(shape_b)) if full[i] == 1]
+    return sorted(axes_a), sorted(axes_b)
+
+
+def _shape_preserving(
+    node: onnx.NodeProto, consts: Mapping[str, np.ndarray], shapes: Mapping[str, list[int]]
+) -> bool:
+    """Whether ``node`` (ReduceSum, Reshape, Expand) gives its input's values and shape."""
+    if node.domain not in ("", "ai.onnx") or node.op_type not in ("ReduceSum", "Reshape", "Expand"):
+        return False
+    if len(node.input) < 2 or node.input[1] not in consts or consts[node.input[1]].dtype != np.int64:
+        return False
+    shape, arg = shapes.get(node.input[0]), [int(v) for v in consts[node.input[1]].ravel()]
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if node.op_type == "ReduceSum":
+        if not arg:
+            return bool(attrs.get("noop_with_empty_axes", 0))
+        return (
+            shape is not None
+            and bool(attrs.get("keepdims", 1))
+            and all(shape[a] == 1 for a in arg if -len(shape) <= a < len(shape))
+            and all(-len(shape) <= a < len(shape) for a in arg)
+        )
+    if node.op_type in ("Reshape", "Expand"):
+        return shape is not None and shape == arg
+    return False
+
+
+def _bypass_expand(
+    node: onnx.NodeProto, readers: Sequence[onnx.NodeProto], shapes: Mapping[str, list[int]]
+) -> None:
+    """Feeds ``node``'s input straight to its broadcasting readers whose output shape stays."""
+    source, expanded = node.input[0], node.output[0]
+    if source not in shapes:
+        return
+    for reader in readers:
+        if reader.domain not in ("", "ai.onnx") or reader.op_type not in ("Mul", "Add", "Sub", "Div"):
+            continue
+        others = [shapes.get(i) for i in reader.input if i != expanded]
+        target = shapes.get(reader.output[0])
+        if target is None or any(o is None for o in others):
+            continue
+        try:
+            shape = np.broadcast_shapes(tuple(shapes[source]), *(tuple(o) for o in others if o is not None))
+        except ValueError:
+            continue
+        if list(shape) == target:
+            for k, name in enumerate(reader.input):
+                if name == expanded:
+                    reader.input[k] = source
 
 
 def _static_shapes(model: ModelProto) -> tuple[dict[str, list[int]], dict[str, int]]:

@@ -243,7 +243,10 @@ class LearningRateSGD(BaseLearningRate):
         state.pop("_block", None)
         return state
 
-    #: samples whose rates one cumulative block holds
+    #: samples whose rates the first cumulative block holds; each new block of a fit doubles,
+    #: up to _BLOCK (a fit of a small set computes a few thousand rates, not 65536: 0.5 ms)
+    _FIRST_BLOCK = 1 << 12
+    #: samples whose rates one cumulative block holds at most
     _BLOCK = 1 << 16
 
     def _rate_sum(self, first: int, n_rows: int) -> float:
@@ -259,7 +262,12 @@ class LearningRateSGD(BaseLearningRate):
             or first + n_rows > block[1] + len(block[2]) - 1
         ):
             start = int(first)
-            t = np.arange(start, start + max(self._BLOCK, n_rows) + 1, dtype=np.float64)
+            size = (
+                self._FIRST_BLOCK
+                if block is None or start == 0
+                else min(2 * (len(block[2]) - 1), self._BLOCK)
+            )
+            t = np.arange(start, start + max(size, n_rows) + 1, dtype=np.float64)
             cumulative = np.concatenate([[0.0], np.cumsum(self._etas(t[:-1]))])
             block = self._block = (key, start, cumulative)
         _, start, cumulative = block
