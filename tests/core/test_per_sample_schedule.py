@@ -127,3 +127,23 @@ def test_scalar_values_are_the_sums() -> None:
     (value,) = lr.scalar_values(epoch=4, step=9, first_sample=7, n_rows=3)
     assert value == pytest.approx(sum(_rate("optimal", i) for i in (7, 8, 9)), rel=1e-12)
     assert _lr("constant").scalar_values(0, 1, first_sample=100, n_rows=8) == pytest.approx((0.4,))
+
+
+@pytest.mark.parametrize("schedule", ["optimal", "invscaling"])
+def test_sums_across_growing_blocks_and_a_restart(monkeypatch: pytest.MonkeyPatch, schedule: str) -> None:
+    """The cumulative block starts small and doubles: sums that straddle block ends, a batch
+    longer than the block, a jump back to sample 0 (a new fit) and one ahead (a resume) are
+    the same sums of eta(t)."""
+    monkeypatch.setattr(LearningRateSGD, "_FIRST_BLOCK", 8)
+    monkeypatch.setattr(LearningRateSGD, "_BLOCK", 32)
+    lr = _lr(schedule)
+    first, steps = 0, [5, 5, 5, 7, 40, 3, 16, 16, 16, 16]
+    for n_rows in steps:
+        (value,) = lr.scalar_values(epoch=0, step=0, first_sample=first, n_rows=n_rows)
+        expected = sum(_rate(schedule, t) for t in range(first, first + n_rows))
+        assert value == pytest.approx(expected, rel=1e-12), (first, n_rows)
+        first += n_rows
+    for start, n_rows in ((0, 6), (1000, 9)):
+        (value,) = lr.scalar_values(epoch=0, step=0, first_sample=start, n_rows=n_rows)
+        expected = sum(_rate(schedule, t) for t in range(start, start + n_rows))
+        assert value == pytest.approx(expected, rel=1e-12)
