@@ -13,6 +13,7 @@ import pytest
 from core_models import build_linear, initializers, linear_sgd_reference
 
 from ort_train_core import (
+    EarlyStopping,
     LearningRateSGD,
     LearningRateSGDNesterov,
     OrtGradientForwardBackwardOptimizer,
@@ -147,3 +148,34 @@ def test_sums_across_growing_blocks_and_a_restart(monkeypatch: pytest.MonkeyPatc
         (value,) = lr.scalar_values(epoch=0, step=0, first_sample=start, n_rows=n_rows)
         expected = sum(_rate(schedule, t) for t in range(start, start + n_rows))
         assert value == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("n_stoppers", [1, 2])
+def test_adaptive_divides_once_per_plateau_whatever_the_stopping_rules(n_stoppers: int) -> None:
+    """learning_rate='adaptive': at each plateau (tol, n_iter_no_change) the rate is divided
+    by 5 and the count restarts; two EarlyStopping callbacks with the same rule divide once,
+    as one does: numpy's SGD with the same rule."""
+    rng, n = np.random.default_rng(5), 64
+    X = rng.standard_normal((n, 3)).astype(np.float32)
+    y = (X @ np.array([1.0, -2.0, 0.5]) + 0.3 + rng.normal(scale=0.7, size=n)).astype(np.float32)
+    model = build_linear()
+    eta0, tol, patience, epochs = 0.05, 0.05, 2, 25
+    lr = LearningRateSGD(eta0=eta0, learning_rate="adaptive")
+    stoppers = [EarlyStopping(tol, patience) for _ in range(n_stoppers)]
+    trainer = _trainer("full", model, lr, max_iter=epochs, callbacks=stoppers).fit(X, y)
+
+    weights = {k: v.astype(np.float64) for k, v in initializers(model).items()}
+    rate, best, bad, divisions, n_iter = eta0, np.inf, 0, 0, 0
+    for _ in range(epochs):
+        weights, (loss,) = linear_sgd_reference(weights, X, y, eta=rate, batch_size=BATCH, epochs=1)
+        n_iter += 1
+        bad = bad + 1 if loss > best - tol else 0
+        best = min(best, loss)
+        if bad >= patience:
+            if rate <= 1e-6:
+                break
+            rate, bad, divisions = rate / 5, 0, divisions + 1
+    assert divisions >= 2, "the data must reach two plateaus for this test to check anything"
+    assert trainer.n_iter_ == n_iter
+    for name, value in weights.items():
+        np.testing.assert_allclose(trainer.get_state()[name], value, rtol=1e-4, atol=1e-5)

@@ -161,3 +161,32 @@ def test_average_as_scikit_learn(average: Any, estimator: str) -> None:
     plain = OrtSGDRegressor if estimator == "regressor" else OrtSGDClassifier
     last = plain(**ONE, **{**params, "average": False}).fit(X, y)
     assert np.abs(last.coef_ - ours.coef_).max() > 1e-3
+
+
+@pytest.mark.parametrize(
+    ("estimator", "learning_rate", "n_rows", "rows_per_step"),
+    [
+        (OrtSGDClassifier, "optimal", 100, 16),  # at least 16 rows
+        (OrtSGDClassifier, "optimal", 6400, 100),  # 64 steps an epoch: 'optimal''s large rates
+        (OrtSGDClassifier, "invscaling", 6400, 200),  # 32 steps an epoch
+        (OrtSGDRegressor, "invscaling", 6400, 200),
+        (OrtSGDRegressor, "invscaling", 40000, 1024),  # at most 1024 rows
+        (OrtSGDRegressor, "invscaling", 10, 10),  # at most the data
+    ],
+)
+def test_auto_batch_size_as_documented(
+    estimator: Any, learning_rate: str, n_rows: int, rows_per_step: int
+) -> None:
+    """batch_size='auto': n_samples // 32 rows a step (n_samples // 64 with 'optimal'), 16 to
+    1024 and at most the data; an epoch then takes ceil(n / rows) steps."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(n_rows, 3)).astype(np.float32)
+    y = (X[:, 0] > 0).astype(np.int64) if estimator is OrtSGDClassifier else X[:, 0] + 0.1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est = estimator(learning_rate=learning_rate, eta0=0.01, max_iter=1, tol=None, random_state=0).fit(
+            X, y
+        )
+    # t_ counts the rows stepped on from 1; the steps of the epoch are the batches
+    assert est.t_ == n_rows + 1
+    assert est._trainer.batch_size == rows_per_step

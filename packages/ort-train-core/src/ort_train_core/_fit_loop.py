@@ -61,7 +61,7 @@ class StepRunner(Protocol):
 
     def validation_loss(self) -> float: ...
 
-    def reduce_learning_rate(self) -> bool: ...
+    def reduce_learning_rate(self, epoch: int) -> bool: ...
 
 
 class _Outcome(enum.Enum):
@@ -437,12 +437,12 @@ class BaseOrtTrainer(ParamsMixin):
             finally:
                 self._runner = None
 
-    def _reduce_learning_rate(self) -> bool:
-        """A stopping rule's plateau: with ``learning_rate='adaptive'`` the rate is divided by 5
-        from the next epoch and the fit goes on (True); otherwise, or once the rate is <= 1e-6,
-        False: the fit stops."""
+    def _reduce_learning_rate(self, epoch: int) -> bool:
+        """A stopping rule's plateau at ``epoch``: with ``learning_rate='adaptive'`` the rate is
+        divided by 5 from the next epoch (once, however many rules reach it there) and the fit
+        goes on (True); otherwise, or once the rate is <= 1e-6, False: the fit stops."""
         runner = getattr(self, "_runner", None)
-        return runner is not None and runner.reduce_learning_rate()
+        return runner is not None and runner.reduce_learning_rate(epoch)
 
     def _run_epochs(
         self, runner: StepRunner, weights: np.ndarray | None, n_epochs: int, callbacks: list[Callback]

@@ -80,6 +80,8 @@ class DoubleBufferedRunner:
         #: 'adaptive': what the plateaus of this fit have divided the rate by (each fit starts at
         #: 1, as scikit-learn's; resume replays the plateaus of the checkpointed history)
         self.lr_scale = 1.0
+        #: the epochs whose plateau divided it: two stopping rules at the same epoch divide once
+        self.reduced_epochs: set[int] = set()
         self._init_scalars(lr)
         self.parity = 0
         self.epoch = 0
@@ -168,13 +170,17 @@ class DoubleBufferedRunner:
         self.epoch = epoch
         self._write_scalars()
 
-    def reduce_learning_rate(self) -> bool:
-        """``learning_rate='adaptive'`` at a plateau: divides the rate by ADAPTIVE_DIVISOR
-        from the next epoch and returns True; False (the fit stops) for other schedules or
-        once the rate is <= ADAPTIVE_MIN_RATE."""
+    def reduce_learning_rate(self, epoch: int) -> bool:
+        """``learning_rate='adaptive'`` at the plateau of ``epoch``: divides the rate by
+        ADAPTIVE_DIVISOR from the next epoch and returns True; False (the fit stops) for other
+        schedules or once the rate is <= ADAPTIVE_MIN_RATE. A second stopping rule reaching its
+        plateau at the same epoch gets True without a second division."""
+        if epoch in self.reduced_epochs:
+            return True
         if not self.lr.adaptive or float(self.lr.eta0) * self.lr_scale <= ADAPTIVE_MIN_RATE:
             return False
         self.lr_scale /= ADAPTIVE_DIVISOR
+        self.reduced_epochs.add(epoch)
         return True
 
     def snapshot(self) -> TrainingState:

@@ -173,7 +173,7 @@ class EarlyStopping(Callback):
         else:
             self.bad_epochs = 0
         self.best = min(self.best, value)
-        if self.bad_epochs >= self.n_iter_no_change and trainer._reduce_learning_rate():
+        if self.bad_epochs >= self.n_iter_no_change and trainer._reduce_learning_rate(epoch):
             # learning_rate='adaptive': the rate is divided instead, the count starts again
             self.bad_epochs = 0
         self.stopped = self.bad_epochs >= self.n_iter_no_change
