@@ -179,3 +179,37 @@ def test_adaptive_divides_once_per_plateau_whatever_the_stopping_rules(n_stopper
     assert trainer.n_iter_ == n_iter
     for name, value in weights.items():
         np.testing.assert_allclose(trainer.get_state()[name], value, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("loop", ["full", "partial"])
+def test_callbacks_see_the_weights_and_samples_after_each_step(loop: str) -> None:
+    """Inside on_batch_end, get_state() holds the weights after that batch's step and
+    samples_seen_ the rows stepped on so far (over epochs): numpy's minibatch SGD batch by
+    batch. After the fit both hold the end of the fit."""
+    from ort_train_core import Callback
+
+    X, y = _data()
+    model = build_linear()
+    seen: list[tuple[int, dict[str, np.ndarray]]] = []
+
+    class Record(Callback):
+        def on_batch_end(self, trainer: Any, epoch: int, batch: int, loss: float) -> None:
+            seen.append((trainer.samples_seen_, trainer.get_state()))
+
+    trainer = _trainer(loop, model, 0.05, max_iter=EPOCHS, callbacks=[Record()]).fit(X, y)
+    weights = {k: v.astype(np.float64) for k, v in initializers(model).items()}
+    count, k = 0, 0
+    for _ in range(EPOCHS):
+        for start in range(0, N_ROWS, BATCH):
+            rows = slice(start, start + BATCH)
+            weights, _ = linear_sgd_reference(weights, X[rows], y[rows], eta=0.05, batch_size=BATCH, epochs=1)
+            count += len(X[rows])
+            samples, state = seen[k]
+            assert samples == count
+            for name, value in weights.items():
+                np.testing.assert_allclose(state[name], value, rtol=1e-5, atol=1e-6)
+            k += 1
+    assert k == len(seen)
+    assert trainer.samples_seen_ == EPOCHS * N_ROWS
+    for name, value in weights.items():
+        np.testing.assert_allclose(trainer.get_state()[name], value, rtol=1e-5, atol=1e-6)

@@ -167,7 +167,7 @@ def test_average_as_scikit_learn(average: Any, estimator: str) -> None:
     ("estimator", "learning_rate", "n_rows", "rows_per_step"),
     [
         (OrtSGDClassifier, "optimal", 100, 16),  # at least 16 rows
-        (OrtSGDClassifier, "optimal", 6400, 100),  # 64 steps an epoch: 'optimal''s large rates
+        (OrtSGDClassifier, "optimal", 6400, 64),  # 100 steps an epoch: 'optimal''s large rates
         (OrtSGDClassifier, "invscaling", 6400, 200),  # 32 steps an epoch
         (OrtSGDRegressor, "invscaling", 6400, 200),
         (OrtSGDRegressor, "invscaling", 40000, 1024),  # at most 1024 rows
@@ -177,7 +177,7 @@ def test_average_as_scikit_learn(average: Any, estimator: str) -> None:
 def test_auto_batch_size_as_documented(
     estimator: Any, learning_rate: str, n_rows: int, rows_per_step: int
 ) -> None:
-    """batch_size='auto': n_samples // 32 rows a step (n_samples // 64 with 'optimal'), 16 to
+    """batch_size='auto': n_samples // 32 rows a step (n_samples // 100 with 'optimal'), 16 to
     1024 and at most the data; an epoch then takes ceil(n / rows) steps."""
     rng = np.random.default_rng(0)
     X = rng.normal(size=(n_rows, 3)).astype(np.float32)

@@ -437,12 +437,33 @@ class BaseOrtTrainer(ParamsMixin):
             finally:
                 self._runner = None
 
-    def _reduce_learning_rate(self, epoch: int) -> bool:
-        """A stopping rule's plateau at ``epoch``: with ``learning_rate='adaptive'`` the rate is
-        divided by 5 from the next epoch (once, however many rules reach it there) and the fit
-        goes on (True); otherwise, or once the rate is <= 1e-6, False: the fit stops."""
+    def reduce_learning_rate(self, epoch: int) -> bool:
+        """What a stopping rule (a callback's ``on_epoch_end``) calls at its plateau: with
+        ``learning_rate='adaptive'`` the rate is divided by 5 from the next epoch (once, however
+        many rules reach a plateau at ``epoch``) and the fit should go on.
+
+        Parameters
+        ----------
+        epoch : int
+            The epoch whose end reached the plateau (``on_epoch_end``'s ``epoch``).
+
+        Returns
+        -------
+        bool
+            True: the rate was divided, the fit goes on; False (other schedules, a rate already
+            <= 1e-6, or no fit running): the rule should stop the fit.
+        """
         runner = getattr(self, "_runner", None)
         return runner is not None and runner.reduce_learning_rate(epoch)
+
+    @property
+    def samples_seen_(self) -> int:
+        """Rows stepped on so far, over epochs, warm starts and resumes (the ``t`` of the
+        per-sample schedules); inside a callback during a fit, up to the last step."""
+        runner = getattr(self, "_runner", None)
+        if runner is not None:
+            return int(runner.n_samples)
+        return int(self._current_state().n_samples)
 
     def _run_epochs(
         self, runner: StepRunner, weights: np.ndarray | None, n_epochs: int, callbacks: list[Callback]
@@ -601,13 +622,16 @@ class BaseOrtTrainer(ParamsMixin):
 
     def get_state(self) -> dict[str, np.ndarray]:
         """Copies of the trained weights and of BatchNormalization's running statistics (the
-        initial ones before any fit).
+        initial ones before any fit; inside a callback during a fit, those after the last step).
 
         Returns
         -------
         dict of str to numpy.ndarray
             The values by name.
         """
+        runner = getattr(self, "_runner", None)
+        if runner is not None:  # a callback during a fit: the runner's buffers, read (copied)
+            return dict(runner.snapshot().weights)
         return {k: v.copy() for k, v in self._current_state().weights.items()}
 
     def set_state(self, state: Mapping[str, Any]) -> None:

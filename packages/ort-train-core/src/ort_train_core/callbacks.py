@@ -27,6 +27,11 @@ class Callback:
     do. On :meth:`~ort_train_core.OrtGradientOptimizer.resume`, every :class:`EarlyStopping`
     gets the checkpointed loss history again after that reset, so that it stops where the
     uninterrupted fit would have.
+
+    During a fit, ``trainer.get_state()`` holds the weights after the last step and
+    ``trainer.samples_seen_`` the rows stepped on so far (scikit-learn's averaged SGD is such a
+    callback); a stopping rule of its own calls ``trainer.reduce_learning_rate(epoch)`` at its
+    plateau, which divides an ``'adaptive'`` rate and says whether the fit should go on.
     """
 
     def on_train_begin(self, trainer: BaseOrtTrainer, n_epochs: int) -> None:
@@ -173,7 +178,7 @@ class EarlyStopping(Callback):
         else:
             self.bad_epochs = 0
         self.best = min(self.best, value)
-        if self.bad_epochs >= self.n_iter_no_change and trainer._reduce_learning_rate(epoch):
+        if self.bad_epochs >= self.n_iter_no_change and trainer.reduce_learning_rate(epoch):
             # learning_rate='adaptive': the rate is divided instead, the count starts again
             self.bad_epochs = 0
         self.stopped = self.bad_epochs >= self.n_iter_no_change

@@ -179,7 +179,7 @@ class _ValidationScore(Callback):
             return False
         limit = self.n_iter_no_change
         stopped = self.count > limit if self.estimator._keeps_best_epoch else self.count >= limit
-        if stopped and trainer._reduce_learning_rate(epoch):
+        if stopped and trainer.reduce_learning_rate(epoch):
             # learning_rate='adaptive': the rate is divided by 5 instead, the count restarts
             self.count, stopped = 0, False
         self.stopped = stopped
