@@ -1,5 +1,7 @@
 """Both binding paths of the fused runner give the numpy SGD trajectory: per-batch bindings made
-once (the default) and, past MAX_PREBOUND_BATCHES, data inputs bound again at each step."""
+once (the default) and, past MAX_PREBOUND_BATCHES, data inputs bound again at each step; and
+both ways of gathering shuffled batches: the whole epoch at once (small data) or batch by
+batch (past EPOCH_GATHER_MAX_BYTES)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import numpy as np
 import pytest
 from core_models import initializers, linear_sgd_reference
 
+import ort_train_core._data as data_module
 import ort_train_core._runner as runner_module
 import ort_train_core.optimizer as optimizer_module
 from ort_train_core import OrtGradientOptimizer
@@ -14,8 +17,12 @@ from ort_train_core import OrtGradientOptimizer
 
 @pytest.mark.parametrize("limit", [1, runner_module.MAX_PREBOUND_BATCHES])
 @pytest.mark.parametrize("shuffle", [False, True])
-def test_binding_paths_follow_numpy_sgd(monkeypatch, linear_loss_model, linear_data, limit, shuffle):
+@pytest.mark.parametrize("epoch_gather", [0, data_module.EPOCH_GATHER_MAX_BYTES])
+def test_binding_paths_follow_numpy_sgd(
+    monkeypatch, linear_loss_model, linear_data, limit, shuffle, epoch_gather
+):
     monkeypatch.setattr(optimizer_module, "MAX_PREBOUND_BATCHES", limit)
+    monkeypatch.setattr(data_module, "EPOCH_GATHER_MAX_BYTES", epoch_gather)
     X, y = linear_data
     start = initializers(linear_loss_model)
     trainer = OrtGradientOptimizer(
