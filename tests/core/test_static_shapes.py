@@ -282,9 +282,10 @@ def test_fused_hinge_step_loses_its_broadcast_arithmetic(monkeypatch):
         np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
 
 
-def _broadcast_grad_model(shape_a: list[int], shape_b: list[int]) -> onnx.ModelProto:
+def _broadcast_grad_model(shape_a: list[int], shape_b: list[int], known_g: bool = True) -> onnx.ModelProto:
     """The builder's form of the gradient of ``a op b`` with run-time axes: the gradient G of
-    the broadcast shape summed over BroadcastGradientArgs' axes, reshaped to each operand."""
+    the broadcast shape summed over BroadcastGradientArgs' axes, reshaped to each operand
+    (``known_g=False``: G's shape is not declared, as after a com.microsoft gradient op)."""
     full = list(np.broadcast_shapes(tuple(shape_a), tuple(shape_b)))
     const = lambda name, v: helper.make_node(  # noqa: E731
         "Constant", [], [name], value=numpy_helper.from_array(np.array(v, dtype=np.int64))
@@ -304,7 +305,7 @@ def _broadcast_grad_model(shape_a: list[int], shape_b: list[int]) -> onnx.ModelP
     graph = helper.make_graph(
         nodes,
         "broadcast_grad",
-        [helper.make_tensor_value_info("G", TensorProto.FLOAT, full)],
+        [helper.make_tensor_value_info("G", TensorProto.FLOAT, full if known_g else None)],
         [
             helper.make_tensor_value_info("g_a", TensorProto.FLOAT, shape_a),
             helper.make_tensor_value_info("g_b", TensorProto.FLOAT, shape_b),
@@ -327,12 +328,14 @@ def _broadcast_grad_model(shape_a: list[int], shape_b: list[int]) -> onnx.ModelP
         ([2, 3], [2, 3]),
     ],
 )
-def test_folded_broadcast_gradient_args_sum_as_numpy(shape_a, shape_b):
+@pytest.mark.parametrize("known_g", [True, False])
+def test_folded_broadcast_gradient_args_sum_as_numpy(shape_a, shape_b, known_g):
     """BroadcastGradientArgs with constant shapes becomes constant axes (no com.microsoft node
-    left), and each operand's gradient is numpy's sum of G back to that operand's shape."""
+    left), and each operand's gradient is numpy's sum of G back to that operand's shape, whether
+    or not G's shape is known."""
     from ort_train_core._ort_training import fold_broadcast_gradients
 
-    model = _broadcast_grad_model(shape_a, shape_b)
+    model = _broadcast_grad_model(shape_a, shape_b, known_g)
     folded = fold_broadcast_gradients(model)
     assert "BroadcastGradientArgs" not in [n.op_type for n in folded.graph.node]
     full = np.broadcast_shapes(tuple(shape_a), tuple(shape_b))

@@ -587,8 +587,9 @@ def fold_broadcast_gradients(model: ModelProto) -> ModelProto:
     - ``ReduceSum`` over no axis (``noop_with_empty_axes=1``) or over axes of size 1 with
       ``keepdims=1``, ``Reshape`` and ``Expand`` to the shape their input already has become
       ``Identity`` (onnxruntime removes those);
-    - an ``Expand`` read only by broadcasting ``Mul``/``Add``/``Sub``/``Div`` whose output shape
-      is the same without it is bypassed (the operator broadcasts the same values).
+    - a broadcasting ``Mul``/``Add``/``Sub``/``Div`` that reads an ``Expand`` reads its input
+      instead where its output shape stays the same (it broadcasts the same values); an
+      ``Expand`` nothing reads any more is dropped by onnxruntime.
 
     Values are unchanged; graphs with a dynamic batch dimension keep their run-time arithmetic.
 
@@ -635,7 +636,8 @@ def fold_broadcast_gradients(model: ModelProto) -> ModelProto:
     for node in g.node:  # topological order: an Identity's output shape is known to its readers
         same = _shape_preserving(node, consts, shapes)
         if same:
-            shapes[node.output[0]] = shapes[node.input[0]]
+            if node.input[0] in shapes:  # a no-op ReduceSum may not know its input's shape
+                shapes[node.output[0]] = shapes[node.input[0]]
             kept_input = node.input[0]
             del node.input[:]
             node.input.append(kept_input)
