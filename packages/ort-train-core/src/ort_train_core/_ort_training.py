@@ -23,7 +23,7 @@ from onnx import ModelProto, helper, numpy_helper
 
 from ._binding import make_session
 from ._builder import NodeBuilder
-from ._grad_rewrites import rewrite_for_gradient
+from ._grad_rewrites import _constants, rewrite_for_gradient
 from ._gradient import ForwardBackwardGraphs, FusedStepSignature, fused_step_from_gradients
 from ._runtime import Device, ort_capi
 from .exceptions import GraphNotDifferentiableError
@@ -608,10 +608,7 @@ def fold_broadcast_gradients(model: ModelProto) -> ModelProto:
     out = ModelProto()
     out.CopyFrom(model)
     g = out.graph
-    consts: dict[str, np.ndarray] = {i.name: numpy_helper.to_array(i) for i in g.initializer}
-    for node in g.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-            consts[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    consts = _constants(out)  # the shapes and axes: integer initializers, Constant nodes
     folded: list[onnx.NodeProto] = []
     for node in g.node:
         if node.op_type == "BroadcastGradientArgs" and all(i in consts for i in node.input):
