@@ -23,7 +23,9 @@ final training loss (relative difference <= 5 %), per case.
 Run: ``python benchmarks/bench_sklearn.py [--quick] [--out benchmarks/results]``; it writes
 ``<host>-<date>-sklearn[-quick].{json,md}``, then runs ``bench_datasets.py`` (the four drop-ins at
 their defaults on scikit-learn's datasets: score and fit-time ratio), which writes
-``<host>-<date>-datasets[-quick].{json,md}``.
+``<host>-<date>-datasets[-quick].{json,md}``, and ``bench_step_floor.py`` (one SGD step of a
+linear model: ours, a hand-written floor, scikit-learn), which writes
+``<host>-<date>-step-floor[-quick].{json,md}``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import numpy as np
 
 import _common as common
 import bench_datasets
+import bench_step_floor
 
 SEED = 0
 HIDDEN = (50,)
@@ -321,8 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown(report)
     print(f"\n{text}")
     common.write_report(args.out, "sklearn", args.quick, report, text)
-    # the four drop-ins at their defaults on scikit-learn's datasets (issue 18): its own files
-    return bench_datasets.main(["--out", str(args.out), *(["--quick"] if args.quick else [])])
+    # the four drop-ins at their defaults on scikit-learn's datasets (issue 18), and what one SGD
+    # step costs on each route: their own files
+    forwarded = ["--out", str(args.out), *(["--quick"] if args.quick else [])]
+    return bench_datasets.main(forwarded) or bench_step_floor.main(forwarded)
 
 
 if __name__ == "__main__":
