@@ -69,13 +69,12 @@ def load(name: str) -> tuple[np.ndarray, np.ndarray]:
         return datasets.make_classification(100_000, 50, n_informative=10, random_state=0)
     if name == "friedman1_5000":
         return datasets.make_friedman1(5000, noise=1.0, random_state=0)
-    kind, _, size = name.rpartition("_")[0].rpartition("_")
-    if kind == "make_classification":  # size series: <kind>_<rows>_<features>
-        n_features = int(name.rpartition("_")[2])
-        return datasets.make_classification(int(size), n_features, n_informative=10, random_state=0)
+    rest, _, n_features = name.rpartition("_")  # size series: <kind>_<rows>_<features>
+    kind, _, size = rest.rpartition("_")
+    if kind == "make_classification":
+        return datasets.make_classification(int(size), int(n_features), n_informative=10, random_state=0)
     if kind == "friedman1":
-        n_features = int(name.rpartition("_")[2])
-        return datasets.make_friedman1(int(size), n_features, noise=1.0, random_state=0)
+        return datasets.make_friedman1(int(size), int(n_features), noise=1.0, random_state=0)
     X, y = getattr(datasets, f"load_{name}")(return_X_y=True)
     return X, y
 

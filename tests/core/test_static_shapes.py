@@ -69,18 +69,28 @@ def test_folded_graph_computes_numpy_values(batch):
         assert ops.count("Size") == 1
 
 
-def test_fused_step_graph_has_no_shape_arithmetic(linear_loss_model):
+def _fixed_batch_step(
+    loss_model: onnx.ModelProto, names: list[str], batch: int, rate: float
+) -> onnx.ModelProto:
+    """The CPU fused step of ``loss_model`` training ``names`` at a fixed batch, constant SGD."""
     from ort_train_core._gradient import default_backend
-    from ort_train_core.graph import default_weights_to_train, initializers_to_inputs, set_batch_dimension
+    from ort_train_core.graph import initializers_to_inputs, set_batch_dimension
     from ort_train_core.learning_rate import make_learning_rate
 
-    names = default_weights_to_train(linear_loss_model, "loss")
-    model = initializers_to_inputs(linear_loss_model, names)
+    model = initializers_to_inputs(loss_model, names)
     data = [i.name for i in model.graph.input if i.name not in names]
-    model = set_batch_dimension(model, data, 16)
+    model = set_batch_dimension(model, data, batch)
     graph, _ = default_backend().fused_step(
-        model, "loss", names, make_learning_rate(0.01), parse_device("cpu")
+        model, "loss", names, make_learning_rate(rate), parse_device("cpu")
     )
+    return graph
+
+
+def test_fused_step_graph_has_no_shape_arithmetic(linear_loss_model):
+    from ort_train_core.graph import default_weights_to_train
+
+    names = default_weights_to_train(linear_loss_model, "loss")
+    graph = _fixed_batch_step(linear_loss_model, names, 16, 0.01)
     ops = {(n.domain, n.op_type) for n in graph.graph.node}
     assert not ops & {("", "Shape"), ("", "Size"), ("com.microsoft", "Scale")}, sorted(ops)
 
@@ -227,30 +237,21 @@ def test_broadcast_gradients_keep_numpy_values(batch):
 
 def test_fused_hinge_step_loses_its_broadcast_arithmetic(monkeypatch):
     """A linear model with scikit-learn's hinge loss, sample weights and an l2 penalty at a
-    fixed batch: the builder writes BroadcastGradientArgs (the declared [?, 1] prediction
-    output hides the batch), the fold removes them and the no-op chains after them, and the
-    step computes what the unfolded one does."""
+    fixed batch: the builder writes BroadcastGradientArgs (although every shape is known), the
+    fold removes them and the no-op chains after them, and the step computes what the unfolded
+    one does."""
     from core_models import build_linear
 
     import ort_train_core
     from ort_train_core import _ort_training
-    from ort_train_core._gradient import default_backend
-    from ort_train_core.graph import initializers_to_inputs, set_batch_dimension
-    from ort_train_core.learning_rate import make_learning_rate
 
     loss_model = ort_train_core.add_loss_output(
         build_linear(), "hinge", weight_name="weight", penalty={"coef": {"l2": 0.01}}
     )
     names = ["coef", "intercept"]
-    model = initializers_to_inputs(loss_model, names)
-    data = [i.name for i in model.graph.input if i.name not in names]
-    model = set_batch_dimension(model, data, 8)
 
     def step() -> onnx.ModelProto:
-        graph, _ = default_backend().fused_step(
-            model, "loss", names, make_learning_rate(0.1), parse_device("cpu")
-        )
-        return graph
+        return _fixed_batch_step(loss_model, names, 8, 0.1)
 
     folded = step()
     with monkeypatch.context() as m:

@@ -55,6 +55,8 @@ class StepRunner(Protocol):
 
     def epoch_losses(self, n_done: int, first: int = 0) -> np.ndarray: ...
 
+    def weights(self) -> dict[str, np.ndarray]: ...
+
     def snapshot(self) -> TrainingState: ...
 
     def restore(self, state: TrainingState) -> None: ...
@@ -629,9 +631,9 @@ class BaseOrtTrainer(ParamsMixin):
         dict of str to numpy.ndarray
             The values by name.
         """
-        runner = getattr(self, "_runner", None)
+        runner: StepRunner | None = getattr(self, "_runner", None)
         if runner is not None:  # a callback during a fit: the runner's buffers, read (copied)
-            return dict(runner.snapshot().weights)
+            return runner.weights()
         return {k: v.copy() for k, v in self._current_state().weights.items()}
 
     def set_state(self, state: Mapping[str, Any]) -> None:

@@ -675,8 +675,7 @@ def _shape_preserving(
         return (
             shape is not None
             and bool(attrs.get("keepdims", 1))
-            and all(shape[a] == 1 for a in arg if -len(shape) <= a < len(shape))
-            and all(-len(shape) <= a < len(shape) for a in arg)
+            and all(-len(shape) <= a < len(shape) and shape[a] == 1 for a in arg)
         )
     if node.op_type in ("Reshape", "Expand"):
         return shape is not None and shape == arg

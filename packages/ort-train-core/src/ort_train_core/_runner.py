@@ -183,10 +183,15 @@ class DoubleBufferedRunner:
         self.reduced_epochs.add(epoch)
         return True
 
+    def weights(self) -> dict[str, np.ndarray]:
+        """Host copies of the current weights and running statistics (no optimizer states)."""
+        p = self.parity
+        return {w: buffers[p].read() for w, buffers in self.buffers.items()}
+
     def snapshot(self) -> TrainingState:
         p = self.parity
         return TrainingState(
-            {w: buffers[p].read() for w, buffers in self.buffers.items()},
+            self.weights(),
             {w: [s[p].read() for s in self.states[w]] for w in self.weight_names if self.states[w]},
             self.n_steps,
             self.n_samples,

@@ -177,7 +177,7 @@ class _OrtSGDBase(OrtEstimatorMixin):
         start = self._average_start()
         if start <= 0 or getattr(self, "_average_weights", None) is None:
             return False
-        return bool(start <= self._trainer._current_state().n_samples)
+        return bool(start <= self._trainer.samples_seen_)
 
     def _trained_graph(self) -> ModelProto:
         model = super()._trained_graph()
