@@ -130,24 +130,85 @@ def test_scalar_values_are_the_sums() -> None:
     assert _lr("constant").scalar_values(0, 1, first_sample=100, n_rows=8) == pytest.approx((0.4,))
 
 
-@pytest.mark.parametrize("schedule", ["optimal", "invscaling"])
-def test_sums_across_growing_blocks_and_a_restart(monkeypatch: pytest.MonkeyPatch, schedule: str) -> None:
-    """The cumulative block starts small and doubles: sums that straddle block ends, a batch
-    longer than the block, a jump back to sample 0 (a new fit) and one ahead (a resume) are
-    the same sums of eta(t)."""
-    monkeypatch.setattr(LearningRateSGD, "_FIRST_BLOCK", 8)
-    monkeypatch.setattr(LearningRateSGD, "_BLOCK", 32)
+@pytest.mark.parametrize("schedule", ["constant", "optimal", "invscaling"])
+def test_scalar_table_rows_are_the_batch_sums(schedule: str) -> None:
+    """The table a fit computes once an epoch: row k is the sum of the rates of batch k's
+    rows, counted on from the first sample, for batches of any length (one longer than the
+    rest, a short last one) and an epoch that starts far into the fit (a resume)."""
     lr = _lr(schedule)
-    first, steps = 0, [5, 5, 5, 7, 40, 3, 16, 16, 16, 16]
-    for n_rows in steps:
-        (value,) = lr.scalar_values(epoch=0, step=0, first_sample=first, n_rows=n_rows)
-        expected = sum(_rate(schedule, t) for t in range(first, first + n_rows))
-        assert value == pytest.approx(expected, rel=1e-12), (first, n_rows)
-        first += n_rows
-    for start, n_rows in ((0, 6), (1000, 9)):
-        (value,) = lr.scalar_values(epoch=0, step=0, first_sample=start, n_rows=n_rows)
-        expected = sum(_rate(schedule, t) for t in range(start, start + n_rows))
-        assert value == pytest.approx(expected, rel=1e-12)
+    rows = np.array([5, 5, 7, 40, 3, 16, 1])
+    for first in (0, 1000):
+        table = lr.scalar_table(epoch=3, first_step=9, first_sample=first, rows=rows)
+        assert table.shape == (len(rows), 1)
+        start = first
+        for k, n in enumerate(rows):
+            expected = sum(_rate(schedule, t) for t in range(start, start + n))
+            assert table[k, 0] == pytest.approx(expected, rel=1e-12)
+            start += n
+
+
+def test_adam_table_is_the_bias_corrected_step() -> None:
+    """Adam's two scalars per step k (from first_step): eta sqrt(1 - b2^k) / (1 - b1^k) and
+    eps sqrt(1 - b2^k), as the update's docstring derives them."""
+    from ort_train_core import LearningRateAdam
+
+    lr = LearningRateAdam(eta0=0.01, beta1=0.8, beta2=0.95, epsilon=1e-6)
+    table = lr.scalar_table(epoch=0, first_step=4, first_sample=0, rows=np.full(5, 16))
+    for k, (step_size, eps_hat) in zip(range(4, 9), table):
+        c = (1 - 0.95**k) ** 0.5
+        assert step_size == pytest.approx(0.01 * c / (1 - 0.8**k), rel=1e-12)
+        assert eps_hat == pytest.approx(1e-6 * c, rel=1e-12)
+    assert lr.scalar_values(0, 6) == pytest.approx(tuple(table[2]), rel=1e-12)
+
+
+def test_a_schedule_of_its_own_gets_its_table_from_scalar_values() -> None:
+    """A learning rate written by a user defines scalar_values only: the default table calls
+    it once per step with that step's number, first sample and rows."""
+    calls: list[tuple[int, int, int, int]] = []
+
+    class Logged(LearningRateSGD):
+        @property
+        def scalars_change_every_step(self) -> bool:
+            return True
+
+        def scalar_values(
+            self, epoch: int, step: int, first_sample: int = 0, n_rows: int = 1
+        ) -> tuple[float, ...]:
+            calls.append((epoch, step, first_sample, n_rows))
+            return (0.001 * step + first_sample,)
+
+    table = Logged().scalar_table(epoch=2, first_step=7, first_sample=30, rows=np.array([4, 4, 2]))
+    assert calls == [(2, 7, 30, 4), (2, 8, 34, 4), (2, 9, 38, 2)]
+    np.testing.assert_allclose(table[:, 0], [30.007, 34.008, 38.009])
+
+
+@pytest.mark.parametrize("loop", ["full", "partial"])
+def test_a_rate_divided_within_an_epoch_applies_from_the_next_step(loop: str) -> None:
+    """reduce_learning_rate() called from on_batch_end (mid-epoch) divides the rate of the
+    epoch's remaining steps, although they were computed at its start: numpy's minibatch SGD
+    with the rate divided by 5 after the second batch of the first epoch."""
+    from ort_train_core import Callback
+
+    class Divide(Callback):
+        def on_batch_end(self, trainer: Any, epoch: int, batch: int, loss: float) -> None:
+            if (epoch, batch) == (0, 1):
+                assert trainer.reduce_learning_rate(epoch)
+
+    X, y = _data()
+    model = build_linear(seed=1)
+    trainer = _trainer(loop, model, _lr("adaptive"), max_iter=2, callbacks=[Divide()]).fit(X, y)
+    weights = {k: v.astype(np.float64) for k, v in initializers(model).items()}
+    rate = 0.05
+    for epoch in range(2):
+        for k, start in enumerate(range(0, N_ROWS, BATCH)):
+            rows = slice(start, start + BATCH)
+            # per-sample constant: a batch of B rows steps with B eta on its mean gradient
+            eta = rate * len(X[rows])
+            weights, _ = linear_sgd_reference(weights, X[rows], y[rows], eta=eta, batch_size=BATCH, epochs=1)
+            if (epoch, k) == (0, 1):
+                rate /= 5
+    for name, value in weights.items():
+        np.testing.assert_allclose(trainer.get_state()[name], value, rtol=2e-5, atol=2e-6)
 
 
 @pytest.mark.parametrize("n_stoppers", [1, 2])

@@ -103,6 +103,17 @@ class DoubleBufferedRunner:
             else [host_ortvalue(a) for a in self.scalar_host]
         )
         self.per_step_scalars = lr.scalars_change_every_step
+        #: per-step scalars: every update's values of the epoch, computed at its start (one
+        #: vectorised call, not a Python call per step: a third of a small model's step)
+        self.scalar_table = np.zeros(
+            (len(self.batch_rows) if self.per_step_scalars else 0, len(lr.scalar_names)), dtype=self.dtype
+        )
+        self._batch_rows = np.array(self.batch_rows, dtype=np.int64)
+        #: True once the steps' bindings read their own row of the table in place (CPU
+        #: bindings per batch: see batch_scalars); else each step copies its row first
+        self.rows_bound = False
+        self._row_values: dict[int, list[Any]] = {}
+        self.epoch_first_step = self.n_steps
 
     def _init_validation(
         self, evaluator: Any, validation: Sequence[np.ndarray | None], loss_name: str
@@ -131,9 +142,19 @@ class DoubleBufferedRunner:
         of the epoch (one read each)."""
         return np.array([float(a.read()) for a in self.batch_losses[first:n_done]], dtype=np.float64)
 
-    def bind_update(self, binding: Any, sig: Any, parity: int) -> None:
+    def batch_scalars(self, batch: int) -> list[Any]:
+        """OrtValues viewing batch ``batch``'s row of the scalar table (host memory): a binding
+        made for that batch alone reads the values of its step there, written at set_epoch."""
+        if batch not in self._row_values:
+            row = self.scalar_table[batch]
+            self._row_values[batch] = [host_ortvalue(row[j, ...]) for j in range(len(row))]
+        return self._row_values[batch]
+
+    def bind_update(self, binding: Any, sig: Any, parity: int, batch: int | None = None) -> None:
         """Binds weights, states and scalars of an update (fused or standalone): reads
-        ``parity``, writes the other buffers. The runner owns every OrtValue bound here."""
+        ``parity``, writes the other buffers. The runner owns every OrtValue bound here.
+        ``batch``: the binding serves that batch only and reads its row of the scalar table
+        (per-step scalars on the host; the caller then sets ``rows_bound``)."""
         raw_in, raw_out = binding.bind_ortvalue_input, binding.bind_ortvalue_output
         for k, w in enumerate(sig.weights):
             raw_in(w, self.buffers[w][parity].ortvalue)
@@ -141,25 +162,32 @@ class DoubleBufferedRunner:
             for j, (s_in, s_out) in enumerate(zip(sig.states[k], sig.new_states[k])):
                 raw_in(s_in, self.states[w][j][parity].ortvalue)
                 raw_out(s_out, self.states[w][j][1 - parity].ortvalue)
-        for name, ov in zip(sig.scalars, self.scalar_values):
+        scalars = self.scalar_values
+        if batch is not None and self.per_step_scalars and not self.device_resident:
+            scalars = self.batch_scalars(batch)
+        for name, ov in zip(sig.scalars, scalars):
             raw_in(name, ov)
         for s_in, s_out in zip(getattr(sig, "statistics", ()), getattr(sig, "new_statistics", ())):
             raw_in(s_in, self.buffers[s_in][parity].ortvalue)
             raw_out(s_out, self.buffers[s_in][1 - parity].ortvalue)
 
-    def _write_scalars(self, n_rows: int = 1) -> None:
-        values = self.lr.scalar_values(self.epoch, self.n_steps + 1, self.n_samples, n_rows)
-        # the first scalar of every learning rate is proportional to eta0: 'adaptive' scales it
-        values = (values[0] * self.lr_scale, *values[1:])
+    def _write_scalars(self, values: Sequence[float] | np.ndarray) -> None:
         for host, value in zip(self.scalar_host, values):
             host[()] = value
         for dev, host in zip(self.scalar_device, self.scalar_host):
             dev.write(host)
 
+    def _fill_table(self) -> None:
+        """The per-step scalars of the whole epoch, from its first step and sample on."""
+        table = self.lr.scalar_table(self.epoch, self.n_steps + 1, self.n_samples, self._batch_rows)
+        table[:, 0] *= self.lr_scale  # the first scalar is proportional to eta0: 'adaptive'
+        self.scalar_table[...] = table
+
     def before_step(self, batch: int) -> None:
-        """Writes the scalars of the coming step where they change at every step."""
-        if self.per_step_scalars:
-            self._write_scalars(self.batch_rows[batch])
+        """Copies the coming step's row of the scalar table into the shared scalars where they
+        change at every step and its binding does not read the row in place."""
+        if self.per_step_scalars and not self.rows_bound:
+            self._write_scalars(self.scalar_table[batch])
 
     def after_step(self, batch: int) -> None:
         """Counts the step and its rows."""
@@ -168,7 +196,13 @@ class DoubleBufferedRunner:
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
-        self._write_scalars()
+        self.epoch_first_step = self.n_steps
+        if self.per_step_scalars:
+            self._fill_table()
+            return
+        values = self.lr.scalar_values(epoch, self.n_steps + 1, self.n_samples)
+        # the first scalar of every learning rate is proportional to eta0: 'adaptive' scales it
+        self._write_scalars((values[0] * self.lr_scale, *values[1:]))
 
     def reduce_learning_rate(self, epoch: int) -> bool:
         """``learning_rate='adaptive'`` at the plateau of ``epoch``: divides the rate by
@@ -181,6 +215,8 @@ class DoubleBufferedRunner:
             return False
         self.lr_scale /= ADAPTIVE_DIVISOR
         self.reduced_epochs.add(epoch)
+        if self.per_step_scalars:  # from the next step on, also when called within an epoch
+            self.scalar_table[self.n_steps - self.epoch_first_step :, 0] /= ADAPTIVE_DIVISOR
         return True
 
     def weights(self) -> dict[str, np.ndarray]:

@@ -90,6 +90,38 @@ class BaseLearningRate(ParamsMixin):
         """
         return (self.eta(epoch),)
 
+    def scalar_table(self, epoch: int, first_step: int, first_sample: int, rows: np.ndarray) -> np.ndarray:
+        """The scalars of the consecutive updates of one epoch, one row per update.
+
+        The fit computes them once an epoch, before its first step, where they change at every
+        step (:attr:`scalars_change_every_step`): a step then reads its row instead of calling
+        :meth:`scalar_values`. This default calls :meth:`scalar_values` once per update;
+        built-in schedules compute the table vectorised (same values).
+
+        Parameters
+        ----------
+        epoch : int
+            The epoch, from 0.
+        first_step : int
+            The number of the epoch's first update, from 1.
+        first_sample : int
+            The samples seen before the epoch's first update, over all epochs.
+        rows : numpy.ndarray of int
+            The rows of each update's batch, in the order the updates run.
+
+        Returns
+        -------
+        numpy.ndarray
+            float64, shape ``(len(rows), len(scalar_names))``: row ``k`` is
+            ``scalar_values(epoch, first_step + k, first_sample + sum(rows[:k]), rows[k])``.
+        """
+        starts = first_sample + np.concatenate([[0], np.cumsum(rows[:-1])]).astype(np.int64)
+        table = [
+            self.scalar_values(epoch, first_step + k, int(start), int(n))
+            for k, (start, n) in enumerate(zip(starts, rows))
+        ]
+        return np.array(table, dtype=np.float64).reshape(len(rows), len(self.scalar_names))
+
     def update_nodes(
         self, b: NodeBuilder, weight: str, grad: str, states: list[str], scalars: dict[str, str]
     ) -> tuple[str, list[str]]:
@@ -233,45 +265,18 @@ class LearningRateSGD(BaseLearningRate):
             return (self.eta(epoch),)
         if self.per_sample == "epoch":  # called at the start of each epoch
             return (self.eta(first_sample),)
+        return (float(self.scalar_table(epoch, step, first_sample, np.array([n_rows]))[0, 0]),)
+
+    def scalar_table(self, epoch: int, first_step: int, first_sample: int, rows: np.ndarray) -> np.ndarray:
+        if self.per_sample is not True:
+            return super().scalar_table(epoch, first_step, first_sample, rows)
+        rows = np.asarray(rows, dtype=np.int64)
         if self.learning_rate in ("constant", "adaptive"):
-            return (float(self.eta0) * n_rows,)
-        return (self._rate_sum(first_sample, n_rows),)
-
-    def __getstate__(self) -> dict[str, Any]:
-        # the cumulative block is a cache (up to half a megabyte): not pickled
-        state = dict(self.__dict__)
-        state.pop("_block", None)
-        return state
-
-    #: samples whose rates the first cumulative block holds; each new block of a fit doubles,
-    #: up to _BLOCK (a fit of a small set computes a few thousand rates, not 65536: 0.5 ms)
-    _FIRST_BLOCK = 1 << 12
-    #: samples whose rates one cumulative block holds at most
-    _BLOCK = 1 << 16
-
-    def _rate_sum(self, first: int, n_rows: int) -> float:
-        """``eta(first) + ... + eta(first + n_rows - 1)`` from a cumulative sum over a block of
-        samples computed once per block: a step then costs two lookups, not a vectorised sum
-        (about 20 us a step, a third of a small model's step)."""
-        block = getattr(self, "_block", None)
-        key = (self.eta0, self.alpha, self.power_t, self.learning_rate)
-        if (
-            block is None
-            or block[0] != key
-            or not block[1] <= first
-            or first + n_rows > block[1] + len(block[2]) - 1
-        ):
-            start = int(first)
-            size = (
-                self._FIRST_BLOCK
-                if block is None or start == 0
-                else min(2 * (len(block[2]) - 1), self._BLOCK)
-            )
-            t = np.arange(start, start + max(size, n_rows) + 1, dtype=np.float64)
-            cumulative = np.concatenate([[0.0], np.cumsum(self._etas(t[:-1]))])
-            block = self._block = (key, start, cumulative)
-        _, start, cumulative = block
-        return float(cumulative[first - start + n_rows] - cumulative[first - start])
+            return (float(self.eta0) * rows.astype(np.float64)).reshape(-1, 1)
+        # eta(t) summed over each batch's samples: one vectorised pass over the epoch's samples
+        t = np.arange(first_sample, first_sample + int(rows.sum()), dtype=np.float64)
+        starts = np.concatenate([[0], np.cumsum(rows[:-1])])
+        return np.add.reduceat(self._etas(t), starts).reshape(-1, 1)
 
     def update_nodes(
         self, b: NodeBuilder, weight: str, grad: str, states: list[str], scalars: dict[str, str]
@@ -394,8 +399,13 @@ class LearningRateAdam(BaseLearningRate):
         self, epoch: int, step: int, first_sample: int = 0, n_rows: int = 1
     ) -> tuple[float, ...]:
         # (eta sqrt(1 - b2^k) / (1 - b1^k), eps sqrt(1 - b2^k)), in double before the cast
-        c2 = math.sqrt(1.0 - self.beta2**step)
-        return (self.eta(epoch) * c2 / (1.0 - self.beta1**step), float(self.epsilon) * c2)
+        return tuple(float(v) for v in self.scalar_table(epoch, step, first_sample, np.ones(1))[0])
+
+    def scalar_table(self, epoch: int, first_step: int, first_sample: int, rows: np.ndarray) -> np.ndarray:
+        k = np.arange(first_step, first_step + len(rows), dtype=np.float64)
+        c2 = np.sqrt(1.0 - float(self.beta2) ** k)
+        step_size = self.eta(epoch) * c2 / (1.0 - float(self.beta1) ** k)
+        return np.stack([step_size, float(self.epsilon) * c2], axis=1)
 
     def update_nodes(
         self, b: NodeBuilder, weight: str, grad: str, states: list[str], scalars: dict[str, str]

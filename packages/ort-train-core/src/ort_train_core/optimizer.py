@@ -330,11 +330,16 @@ class _FusedRunner(DoubleBufferedRunner):
         }
         n = len(store.bounds)
         self.step_bindings: list[list[tuple[Any, Any] | None]] = [[None] * n, [None] * n]
+        # a binding per batch on the host reads its step's scalars in place (bind_update)
+        self.rows_bound = self.prebound and not self.device_resident
 
-    def _binding(self, sig: FusedStepSignature, sess: Any, parity: int, batch: int = 0) -> CachedBinding:
+    def _binding(
+        self, sig: FusedStepSignature, sess: Any, parity: int, batch: int | None = None
+    ) -> CachedBinding:
+        """A binding of the fused step: for batch ``batch`` alone, or shared (None)."""
         b = CachedBinding(sess)
-        self.bind_update(b.binding, sig, parity)
-        b.binding.bind_ortvalue_output(sig.loss, self.loss_output(batch, self.loss_value))
+        self.bind_update(b.binding, sig, parity, batch)
+        b.binding.bind_ortvalue_output(sig.loss, self.loss_output(batch or 0, self.loss_value))
         return b
 
     def _step_binding(self, batch: int) -> tuple[Any, Any]:
