@@ -32,6 +32,7 @@ from .graph import (
     all_names,
     check_differentiable,
     check_no_control_flow,
+    float_initializers,
     value_types,
 )
 from .learning_rate import BaseLearningRate
@@ -99,7 +100,7 @@ class OrtTrainingBackend:
                 out.graph.output.extend(kept)
         out.ir_version = min(out.ir_version, MAX_IR_VERSION)
         out = double_gradient_rewrites(shaped_max_pool_grads(out), _output_type(model, loss_name))
-        return fold_broadcast_gradients(fold_static_shapes(out))
+        return fold_unit_factors(fold_broadcast_gradients(fold_static_shapes(out)))
 
     def fused_step(
         self,
@@ -642,6 +643,57 @@ def fold_broadcast_gradients(model: ModelProto) -> ModelProto:
             node.op_type, node.domain = "Identity", ""
         elif node.op_type == "Expand" and node.output[0] not in graph_outputs:
             _bypass_expand(node, readers.get(node.output[0], []), shapes)
+    return out
+
+
+#: constants up to this many values are read to find those of ones (fold_unit_factors)
+_UNIT_CONSTANT_MAX_SIZE = 1 << 16
+
+
+def fold_unit_factors(model: ModelProto) -> ModelProto:
+    """``Mul`` by a constant of ones that keeps the other factor's shape becomes ``Identity``.
+
+    A fit without sample weights steps on a graph whose weight input is a constant of ones
+    (``OrtGradientOptimizer``): the loss's weighting ``row_loss * w`` and its gradient
+    ``grad * w`` then multiply by ones. onnxruntime folds what reads constants only (the sum of
+    the weights), not these products: here they go, two kernels fewer per step. Values are
+    unchanged; a product that broadcasts the other factor to a larger shape stays.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        A gradient graph (after :func:`fold_static_shapes`).
+
+    Returns
+    -------
+    onnx.ModelProto
+        A rewritten copy, or ``model`` itself when no ``Mul`` reads a constant of ones.
+    """
+    g = model.graph
+    overridable = {i.name for i in g.input}
+    ones = {
+        name
+        for name, i in float_initializers(model).items()
+        if name not in overridable
+        and 0 < int(np.prod(i.dims)) <= _UNIT_CONSTANT_MAX_SIZE
+        and bool(np.all(numpy_helper.to_array(i) == 1))
+    }
+    ones |= {name for name, v in _constants(model).items() if v.size and bool(np.all(v == 1))}
+    if not any(n.op_type == "Mul" and ones.intersection(n.input) for n in g.node):
+        return model
+    out = ModelProto()
+    out.CopyFrom(model)
+    shapes, _ = _static_shapes(out)
+    for node in out.graph.node:
+        if node.op_type != "Mul" or node.domain not in ("", "ai.onnx") or len(node.input) != 2:
+            continue
+        a, b = node.input
+        other = b if a in ones else a if b in ones else None
+        if other is None or shapes.get(other) is None or shapes.get(other) != shapes.get(node.output[0]):
+            continue
+        del node.input[:]
+        node.input.append(other)
+        node.op_type = "Identity"
     return out
 
 

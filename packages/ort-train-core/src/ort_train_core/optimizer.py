@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
-from onnx import ModelProto
+from onnx import ModelProto, helper
 
 from ._binding import CachedBinding, make_session
 from ._cache import LRUCache, model_digest
@@ -22,6 +22,7 @@ from ._runtime import Device
 from .callbacks import Callback
 from .checkpoint import TrainingState
 from .graph import (
+    inputs_to_initializers,
     normalise_model,
     set_batch_dimension,
 )
@@ -117,7 +118,7 @@ class FusedGraphs(FitGraphs):
         The fused step per batch size, device and ``repr`` of the learning rate.
     """
 
-    steps: dict[tuple[int, str, str], FusedStep] = field(default_factory=dict)
+    steps: dict[tuple[int, str, str, bool], FusedStep] = field(default_factory=dict)
 
 
 class OrtGradientOptimizer(LossGraphTrainer):
@@ -225,6 +226,7 @@ class OrtGradientOptimizer(LossGraphTrainer):
         self.checkpoint_every = checkpoint_every
 
     _graphs_type = FusedGraphs
+    _folds_unit_weights = True
 
     def _graph_params(self) -> tuple[Any, ...]:
         return (*super()._graph_params(), self.loss_output_name)
@@ -247,12 +249,18 @@ class OrtGradientOptimizer(LossGraphTrainer):
         assert isinstance(graphs, FusedGraphs)
         return graphs
 
-    def _fused(self, batch: int, device: Device, lr: BaseLearningRate) -> FusedStep:
+    def _fused(
+        self, batch: int, device: Device, lr: BaseLearningRate, unit_weights: bool = False
+    ) -> FusedStep:
+        """The fused step of ``batch`` rows; ``unit_weights``: its sample weights are the
+        constant ones (not an input), for fits without sample weights."""
         graphs = self._graphs()
-        key = (batch, str(device), repr(lr))
+        key = (batch, str(device), repr(lr), unit_weights)
         if key not in graphs.steps:
             inputs = graphs.inputs
             model = set_batch_dimension(graphs.stepping, inputs.data, batch)
+            if unit_weights:
+                model = _unit_weights(model, str(inputs.sample_weight))
             graph, sig, threads = fused_step_graph(
                 model, graphs.loss_name, inputs.parameters, batch, device, lr
             )
@@ -262,7 +270,12 @@ class OrtGradientOptimizer(LossGraphTrainer):
     def _graphs_to_save(self) -> dict[str, ModelProto]:
         graphs = self._graphs()
         out = {"loss": graphs.loss_model}
-        out.update({f"fused_step_batch{batch}": step.graph for (batch, _, _), step in graphs.steps.items()})
+        out.update(
+            {
+                f"fused_step_batch{batch}{'_unweighted' if unit else ''}": step.graph
+                for (batch, _, _, unit), step in graphs.steps.items()
+            }
+        )
         return out
 
     def _make_runner(
@@ -272,11 +285,15 @@ class OrtGradientOptimizer(LossGraphTrainer):
         device: Device,
         lr: BaseLearningRate,
         validation: Sequence[np.ndarray | None] | None,
+        unit_weights: bool = False,
     ) -> _FusedRunner:
         sizes = sorted({e - s for s, e in store.bounds})
-        graphs = {size: self._fused(size, device, lr) for size in sizes}
+        graphs = {size: self._fused(size, device, lr, unit_weights) for size in sizes}
         evaluator = self._evaluator(device) if validation is not None else None
         fit_graphs = self._graphs()
+        inputs = fit_graphs.inputs
+        # the batches carry no weight column then; the validation data keep theirs
+        step_names = [n for n in inputs.data if not (unit_weights and n == inputs.sample_weight)]
         return _FusedRunner(
             store,
             state,
@@ -286,8 +303,18 @@ class OrtGradientOptimizer(LossGraphTrainer):
             evaluator,
             validation,
             fit_graphs.loss_name,
-            fit_graphs.inputs.data,
+            inputs.data,
+            step_names,
         )
+
+
+def _unit_weights(model: ModelProto, weight: str) -> ModelProto:
+    """``model`` (fixed batch) whose sample-weight input ``weight`` is a constant of ones."""
+    (vi,) = [i for i in model.graph.input if i.name == weight]
+    tt = vi.type.tensor_type
+    shape = [d.dim_value for d in tt.shape.dim]
+    ones = np.ones(shape, dtype=helper.tensor_dtype_to_np_dtype(tt.elem_type))
+    return inputs_to_initializers(model, {weight: ones})
 
 
 def _n_values(model: ModelProto, names: Sequence[str]) -> float:
@@ -312,9 +339,12 @@ class _FusedRunner(DoubleBufferedRunner):
         validation: Sequence[np.ndarray | None] | None,
         loss_name: str,
         data_names: list[str],
+        step_names: list[str],
     ) -> None:
         weights = next(iter(graphs.values())).signature.weights
         super().__init__(store, state, device, lr, weights, evaluator, validation, loss_name, data_names)
+        #: the inputs the batches feed the steps (data_names less unit sample weights)
+        self.step_names = step_names
         self.loss_host = np.zeros((), dtype=self.dtype)
         self.loss_value = host_ortvalue(self.loss_host)
         # One binding per (parity, batch) with the batch's data bound too, made on first use: a
@@ -348,13 +378,13 @@ class _FusedRunner(DoubleBufferedRunner):
         _, sig, sess = self.graphs[e - s]
         if not self.prebound:
             b = self.shared[e - s, self.parity]
-            for name, ov in zip(self.data_names, self.store.batches[batch]):
+            for name, ov in zip(self.step_names, self.store.batches[batch]):
                 b.bind_input(name, ov)
             if self.device_resident:
                 b.binding.bind_ortvalue_output(sig.loss, self.batch_losses[batch].ortvalue)
             return sess.run_with_iobinding, b.binding
         b = self._binding(sig, sess, self.parity, batch)
-        for name, ov in zip(self.data_names, self.store.batches[batch]):
+        for name, ov in zip(self.step_names, self.store.batches[batch]):
             b.binding.bind_ortvalue_input(name, ov)
         entry = (sess.run_with_iobinding, b.binding)
         self.step_bindings[self.parity][batch] = entry

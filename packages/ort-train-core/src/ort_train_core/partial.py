@@ -376,6 +376,7 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
         device: Device,
         lr: BaseLearningRate,
         validation: Sequence[np.ndarray | None] | None,
+        unit_weights: bool = False,
     ) -> _PartialRunner:
         sizes = sorted({e - s for s, e in store.bounds})
         graphs = self._graphs()
