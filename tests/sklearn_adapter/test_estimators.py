@@ -805,6 +805,32 @@ def test_adaptive_divides_the_rate_at_plateaus_like_sklearn(training: str, estim
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("training", TRAININGS)
+@pytest.mark.parametrize("estimator", ["regressor", "classifier"])
+def test_sgd_stops_on_the_penalised_objective_like_sklearn(training: str, estimator: str) -> None:
+    """scikit-learn's SGD compares each epoch's objective, loss plus penalty, with tol
+    (``objective_sum`` in its _sgd_fast); so do ours. With an l2 penalty large enough to move
+    the stopping epoch (the data loss alone stops these regressors 4 epochs later, measured),
+    batch_size=1 in row order stops at scikit-learn's epoch with its weights."""
+    from sklearn.datasets import make_classification, make_regression
+
+    params: dict[str, Any] = dict(tol=1e-3, n_iter_no_change=3, shuffle=False, max_iter=200)
+    if estimator == "regressor":
+        X, y = make_regression(200, 5, noise=20, random_state=SEED)
+        y = y / 50
+        params.update(alpha=0.05, eta0=0.01)
+        ours: Any = OrtSGDRegressor(training=training, batch_size=1, **params).fit(X, y)
+        reference: Any = SGDRegressor(**params).fit(X, y)
+    else:
+        X, y = make_classification(200, 5, random_state=SEED)
+        params.update(alpha=0.05)
+        ours = OrtSGDClassifier(training=training, batch_size=1, **params).fit(X, y)
+        reference = SGDClassifier(**params).fit(X, y)
+    assert ours.n_iter_ == reference.n_iter_ < params["max_iter"]
+    np.testing.assert_allclose(ours.coef_, reference.coef_, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ours.intercept_, reference.intercept_, rtol=1e-4, atol=1e-5)
+
+
 LBFGS_CASES = [("regression", False), ("regression2", True), ("binary", True), ("multiclass", False)]
 
 
