@@ -180,6 +180,7 @@ class BaseOrtTrainer(ParamsMixin):
         """set_params: the record of the graphs and sessions built for the previous parameters
         (``_graph_record``, kept by the concrete trainer) is dropped."""
         self.__dict__.pop("_graph_record", None)
+        self.__dict__.pop("_graph_seen", None)
 
     def _validate_params(self) -> tuple[Device, BaseLearningRate]:
         _positive_int("max_iter", self.max_iter)
@@ -820,6 +821,7 @@ class BaseOrtTrainer(ParamsMixin):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_graph_record", None)  # sessions and graphs are rebuilt lazily
+        state.pop("_graph_seen", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
