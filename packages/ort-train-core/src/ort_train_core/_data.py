@@ -503,6 +503,7 @@ class BatchStore:
                 "densify it (X.toarray()) or train on the CPU"
             )
         self.bounds = [(s, min(s + batch_size, n)) for s in range(0, n, batch_size)]
+        self._row_totals: np.ndarray | None = None
         self.sources = arrays
         self.device = device
         self.batches: list[list[Any]] = []
@@ -599,7 +600,9 @@ class BatchStore:
 
     def batch_totals(self, weights: np.ndarray | None, order: np.ndarray | None) -> np.ndarray:
         """Each batch's total sample weight (its weight in the epoch's mean loss)."""
-        if weights is None:
-            return np.array([e - s for s, e in self.bounds], dtype=np.float64)
+        if weights is None:  # the same every epoch
+            if self._row_totals is None:
+                self._row_totals = np.array([e - s for s, e in self.bounds], dtype=np.float64)
+            return self._row_totals
         w = weights if order is None else weights[order]
         return np.add.reduceat(w.astype(np.float64), [s for s, _ in self.bounds])

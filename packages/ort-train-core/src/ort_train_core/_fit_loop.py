@@ -533,9 +533,8 @@ class BaseOrtTrainer(ParamsMixin):
 
         ``losses`` are those of the batches run, ``totals`` each batch's weight in the epoch's
         mean."""
-        bad = np.flatnonzero(~np.isfinite(losses))
-        if bad.size:
-            i = int(bad[0])
+        if not np.isfinite(losses).all():
+            i = int(np.flatnonzero(~np.isfinite(losses))[0])
             raise self._rolled_back(runner, snapshot, _loss_diverged(losses[i], epoch, i), epoch, i)
         last = len(totals) - 1
         if len(losses) <= last:

@@ -270,13 +270,12 @@ class LearningRateSGD(BaseLearningRate):
     def scalar_table(self, epoch: int, first_step: int, first_sample: int, rows: np.ndarray) -> np.ndarray:
         if self.per_sample is not True:
             return super().scalar_table(epoch, first_step, first_sample, rows)
-        rows = np.asarray(rows, dtype=np.int64)
         if self.learning_rate in ("constant", "adaptive"):
-            return (float(self.eta0) * rows.astype(np.float64)).reshape(-1, 1)
+            return (float(self.eta0) * np.asarray(rows, dtype=np.float64)).reshape(-1, 1)
         # eta(t) summed over each batch's samples: one vectorised pass over the epoch's samples
-        t = np.arange(first_sample, first_sample + int(rows.sum()), dtype=np.float64)
-        starts = np.concatenate([[0], np.cumsum(rows[:-1])])
-        return np.add.reduceat(self._etas(t), starts).reshape(-1, 1)
+        ends = np.cumsum(rows)
+        t = np.arange(first_sample, first_sample + int(ends[-1]), dtype=np.float64)
+        return np.add.reduceat(self._etas(t), ends - rows).reshape(-1, 1)
 
     def update_nodes(
         self, b: NodeBuilder, weight: str, grad: str, states: list[str], scalars: dict[str, str]
