@@ -83,6 +83,30 @@ def test_batch_steps_with_the_sum_of_its_rows_rates(loop: str, schedule: str) ->
         np.testing.assert_allclose(state[name].ravel(), value.ravel(), rtol=2e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize(
+    ("loop", "path"), [("full", "shared"), ("full", "resident"), ("partial", "resident")]
+)
+def test_per_step_rates_on_the_other_binding_paths(
+    monkeypatch: pytest.MonkeyPatch, loop: str, path: str
+) -> None:
+    """Where a step's binding cannot read its row of the rate table in place (one binding per
+    batch size past MAX_PREBOUND_BATCHES; device-resident data, declared here for the CPU) the
+    step copies its row first: the same numpy trajectory."""
+    from ort_train_core import _data as data_module
+    from ort_train_core import optimizer as optimizer_module
+
+    if path == "shared":
+        monkeypatch.setattr(optimizer_module, "MAX_PREBOUND_BATCHES", 1)
+    else:
+        monkeypatch.setattr(data_module, "DEVICE_RESIDENT_KINDS", {"cpu", "cuda"})
+    X, y = _data()
+    model = build_linear(seed=1)
+    trainer = _trainer(loop, model, _lr("optimal"), max_iter=EPOCHS).fit(X, y)
+    expected = _reference(model, X, y, "optimal")
+    for name, value in expected.items():
+        np.testing.assert_allclose(trainer.get_state()[name].ravel(), value.ravel(), rtol=2e-5, atol=2e-6)
+
+
 def test_one_row_batches_are_per_sample_sgd() -> None:
     """batch_size=1: every step has its own sample's rate (no sum), the epoch-counting
     schedule would keep one rate per epoch."""
