@@ -239,7 +239,7 @@ class LossGraphTrainer(BaseOrtTrainer):
             return current
         digest = model_digest(model)
         if current is None or current.params != params or current.digest != digest:
-            key = (type(self).__qualname__, digest, params)
+            key = (type(self), digest, params)
             shared = _FIT_GRAPHS.get_or_build(key, lambda: self._new_fit_graphs(params, digest))
             # once per graph and trainer, on the model without the loss (whose penalty reads
             # the weights too): parameters an exporter merged or BatchNorm it folded

@@ -114,8 +114,9 @@ class FusedGraphs(FitGraphs):
 
     Attributes
     ----------
-    steps : dict of (int, str, str) to FusedStep
-        The fused step per batch size, device and ``repr`` of the learning rate.
+    steps : dict of (int, str, str, bool) to FusedStep
+        The fused step per batch size, device, ``repr`` of the learning rate and whether its
+        sample weights are the constant ones (a fit without them).
     """
 
     steps: dict[tuple[int, str, str, bool], FusedStep] = field(default_factory=dict)
@@ -309,10 +310,11 @@ class OrtGradientOptimizer(LossGraphTrainer):
 
 
 def _unit_weights(model: ModelProto, weight: str) -> ModelProto:
-    """``model`` (fixed batch) whose sample-weight input ``weight`` is a constant of ones."""
+    """``model`` (fixed batch) whose sample-weight input ``weight`` is a constant of ones (a
+    dimension other than the batch's that the graph leaves free is 1: one weight per row)."""
     (vi,) = [i for i in model.graph.input if i.name == weight]
     tt = vi.type.tensor_type
-    shape = [d.dim_value for d in tt.shape.dim]
+    shape = [max(d.dim_value, 1) for d in tt.shape.dim]
     ones = np.ones(shape, dtype=helper.tensor_dtype_to_np_dtype(tt.elem_type))
     return inputs_to_initializers(model, {weight: ones})
 

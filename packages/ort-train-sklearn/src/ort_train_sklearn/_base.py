@@ -118,7 +118,7 @@ def _loss_graph(
 ) -> ModelProto:
     """``add_loss_output(model, score, ...)`` for the full loop, from the cache when the same
     graph and settings were seen (a copy: the trainer owns its model)."""
-    key = (model_digest(model), type(score).__qualname__, repr(score), repr(penalty), reduction)
+    key = (model_digest(model), type(score), repr(score), repr(penalty), reduction)
 
     def build() -> ModelProto:
         weight = "sample_weight"
