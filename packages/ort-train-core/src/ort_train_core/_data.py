@@ -503,7 +503,10 @@ class BatchStore:
                 "densify it (X.toarray()) or train on the CPU"
             )
         self.bounds = [(s, min(s + batch_size, n)) for s in range(0, n, batch_size)]
-        self._row_totals: np.ndarray | None = None
+        #: the rows of each batch (the per-step rate table reads them), and as float64 the
+        #: batches' weights in an epoch's mean loss without sample weights
+        self.rows_per_batch = np.array([e - s for s, e in self.bounds], dtype=np.int64)
+        self._row_totals = self.rows_per_batch.astype(np.float64)
         self.sources = arrays
         self.device = device
         self.batches: list[list[Any]] = []
@@ -601,8 +604,6 @@ class BatchStore:
     def batch_totals(self, weights: np.ndarray | None, order: np.ndarray | None) -> np.ndarray:
         """Each batch's total sample weight (its weight in the epoch's mean loss)."""
         if weights is None:  # the same every epoch
-            if self._row_totals is None:
-                self._row_totals = np.array([e - s for s, e in self.bounds], dtype=np.float64)
             return self._row_totals
         w = weights if order is None else weights[order]
         return np.add.reduceat(w.astype(np.float64), [s for s, _ in self.bounds])

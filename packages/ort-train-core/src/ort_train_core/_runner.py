@@ -108,7 +108,6 @@ class DoubleBufferedRunner:
         self.scalar_table = np.zeros(
             (len(self.batch_rows) if self.per_step_scalars else 0, len(lr.scalar_names)), dtype=self.dtype
         )
-        self._batch_rows = np.array(self.batch_rows, dtype=np.int64)
         #: True once the steps' bindings read their own row of the table in place (CPU
         #: bindings per batch: see batch_scalars); else each step copies its row first
         self.rows_bound = False
@@ -179,7 +178,7 @@ class DoubleBufferedRunner:
 
     def _fill_table(self) -> None:
         """The per-step scalars of the whole epoch, from its first step and sample on."""
-        table = self.lr.scalar_table(self.epoch, self.n_steps + 1, self.n_samples, self._batch_rows)
+        table = self.lr.scalar_table(self.epoch, self.n_steps + 1, self.n_samples, self.store.rows_per_batch)
         table[:, 0] *= self.lr_scale  # the first scalar is proportional to eta0: 'adaptive'
         self.scalar_table[...] = table
 

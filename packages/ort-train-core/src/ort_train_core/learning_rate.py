@@ -115,7 +115,7 @@ class BaseLearningRate(ParamsMixin):
             float64, shape ``(len(rows), len(scalar_names))``: row ``k`` is
             ``scalar_values(epoch, first_step + k, first_sample + sum(rows[:k]), rows[k])``.
         """
-        starts = first_sample + np.concatenate([[0], np.cumsum(rows[:-1])]).astype(np.int64)
+        starts = first_sample + np.cumsum(rows) - rows
         table = [
             self.scalar_values(epoch, first_step + k, int(start), int(n))
             for k, (start, n) in enumerate(zip(starts, rows))
