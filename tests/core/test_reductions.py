@@ -114,3 +114,41 @@ def test_binary_cross_entropy_gradient_at_zero_logit():
     np.testing.assert_allclose(trainer.get_state()["coef"], -0.1 * X.T @ g, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(trainer.get_state()["intercept"], -0.1 * g.sum(0), rtol=1e-6, atol=1e-7)
     assert trainer.train_losses_[0] == pytest.approx(np.log(2.0), rel=1e-6)
+
+
+@pytest.mark.parametrize("loop", ["full", "partial"])
+def test_a_batch_whose_weights_are_all_zero_steps_nothing(loop):
+    """'mean' reduction, sum_i s_i l_i / sum_i s_i: a batch of zero weights has loss 0 and no
+    gradient (not 0 / 0 = NaN and a ConvergenceError), and no weight in the epoch's mean;
+    against numpy SGD on the other batches."""
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((10, 3)).astype(np.float32)
+    y = (X @ np.array([1.0, -1.0, 2.0]) + 0.5).astype(np.float32)
+    w = np.array([1, 2, 1, 1, 0, 0, 0, 0, 1, 1], np.float32)  # the second batch of 4 weighs 0
+    model = build_linear()
+    start = initializers(model)
+    params = dict(max_iter=2, batch_size=4, learning_rate=0.05, shuffle=False)
+    if loop == "full":
+        trainer = OrtGradientOptimizer(add_loss_output(model, weight_name="weight"), **params)
+    else:
+        trainer = OrtGradientForwardBackwardOptimizer(model, **params)
+    trainer.fit(X, y, w)
+
+    coef, intercept = start["coef"].astype(np.float64), start["intercept"].astype(np.float64)
+    epoch_losses = []
+    for _ in range(2):
+        losses, totals = [], []
+        for s in range(0, len(X), 4):
+            xb, yb, wb = X[s : s + 4], y[s : s + 4, None], w[s : s + 4, None]
+            d = xb @ coef + intercept - yb
+            total = wb.sum()
+            losses.append(float((wb * d**2).sum() / total) if total else 0.0)
+            totals.append(total)
+            if total:
+                g = 2 * d * wb / total
+                coef, intercept = coef - 0.05 * xb.T @ g, intercept - 0.05 * g.sum(0)
+        epoch_losses.append(np.dot(losses, totals) / np.sum(totals))
+    state = trainer.get_state()
+    np.testing.assert_allclose(state["coef"], coef, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(state["intercept"], intercept, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(trainer.train_losses_, epoch_losses, rtol=1e-5)

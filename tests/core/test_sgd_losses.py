@@ -131,3 +131,36 @@ def test_one_step_follows_scikit_learn_loss(name: str, n_out: int, route: str, z
 def test_bad_loss_parameters(name: str, kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         OrtGradientOptimizer(add_loss_output(_linear(1), score_name=name, **kwargs)).fit(*_data(name, 1)[:2])
+
+
+@pytest.mark.parametrize("route", ["full", "partial"])
+def test_squared_hinge_derivative_stops_at_scikit_learns_clip(route: str) -> None:
+    """scikit-learn's SGD clips each sample's d loss / d f to +-1e12 (``MAX_DLOSS`` of its
+    ``_plain_sgd``): at margins far below the threshold the squared hinge's derivative
+    2 (1 - y f) is clipped there, and the loss stays finite in float32 (the square would be
+    inf); rows within the clip step as py_dloss says."""
+    model = _linear(1)
+    X, label, target = _data("squared_hinge", 1)
+    W0 = numpy_helper.to_array(model.graph.initializer[0]).astype(np.float64) * 1e12
+    b0 = numpy_helper.to_array(model.graph.initializer[1]).astype(np.float64)
+    f = X.astype(np.float64) @ W0 + b0
+    X[:5] = X[:5] * 1e-12  # five rows of small margins, inside the clip
+    f[:5] = X[:5].astype(np.float64) @ W0 + b0
+    loss = _sklearn_loss("squared_hinge")
+    dloss = np.array([[loss.py_dloss(p, t)] for p, t in zip(f.ravel(), target.ravel())])
+    assert np.abs(dloss).max() > 1e13  # some rows beyond the clip
+    assert (np.abs(dloss[:5]) < 1e12).all()
+    clipped = np.clip(dloss, -1e12, 1e12)
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(W0.astype(np.float32), "W"))
+    lr = 1e-3
+    params = dict(max_iter=1, batch_size=N, learning_rate=lr, shuffle=False)
+    if route == "full":
+        trainer = OrtGradientOptimizer(add_loss_output(model, score_name="squared_hinge"), **params)
+    else:
+        trainer = OrtGradientForwardBackwardOptimizer(model, learning_loss="squared_hinge", **params)
+    trainer.fit(X, label)
+    assert np.isfinite(trainer.train_losses_[0])
+    g = clipped / N
+    state = trainer.get_state()
+    np.testing.assert_allclose(state["W"], W0 - lr * X.T.astype(np.float64) @ g, rtol=1e-5)
+    np.testing.assert_allclose(state["b"], b0 - lr * g.sum(axis=0), rtol=1e-5)

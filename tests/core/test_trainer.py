@@ -270,6 +270,40 @@ def test_validation_divergence_rolls_back_the_epoch_and_its_history(linear_loss_
     _assert_same_state(trainer.get_state(), kept, rtol=0)
 
 
+def test_divergence_at_an_epochs_first_batch_rolls_back_to_weights_with_a_finite_loss(
+    linear_loss_model, linear_data
+):
+    """One batch an epoch: an epoch's first loss is that of the previous epoch's end weights,
+    so an inf there condemns those weights themselves; the rollback goes one epoch further
+    back, to weights whose loss (numpy's float32 squared error) is finite, and the history
+    loses that epoch too."""
+    X, y = linear_data
+    Xs = X * np.float32(1e3)
+    params = dict(max_iter=60, batch_size=len(X), learning_rate=1.0, shuffle=False)
+    t = OrtGradientOptimizer(linear_loss_model, **params)
+    with pytest.raises(
+        ConvergenceError, match=r"batch 1: weights were restored to the end of the epoch before"
+    ) as info:
+        t.fit(Xs, y)
+    err = info.value
+    assert err.batch == 0
+    assert err.epoch >= 2
+    assert t.n_iter_ == len(t.train_losses_) == err.epoch - 1
+
+    def numpy_loss(state: dict[str, np.ndarray]) -> np.float32:
+        pred = Xs @ state["coef"].astype(np.float32) + state["intercept"].astype(np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.mean((pred.ravel() - y) ** 2, dtype=np.float32)
+
+    assert np.isfinite(numpy_loss(t.get_state()))
+    # the weights of the epoch in between, rolled back too, overflow the float32 loss
+    between = OrtGradientOptimizer(linear_loss_model, **{**params, "max_iter": err.epoch}).fit(Xs, y)
+    assert not np.isfinite(numpy_loss(between.get_state()))
+    # the state kept is that of the same fit stopped one epoch earlier
+    kept = OrtGradientOptimizer(linear_loss_model, **{**params, "max_iter": err.epoch - 1}).fit(Xs, y)
+    _assert_same_state(t.get_state(), kept.get_state(), rtol=0)
+
+
 def test_validation_loss_is_the_numpy_loss_at_each_epoch_end(linear_loss_model, linear_data, ref):
     X, y = linear_data
     rng = np.random.default_rng(5)

@@ -190,3 +190,17 @@ def test_auto_batch_size_as_documented(
     # t_ counts the rows stepped on from 1; the steps of the epoch are the batches
     assert est.t_ == n_rows + 1
     assert est._trainer.batch_size == rows_per_step
+
+
+@pytest.mark.parametrize("batch_size", ["auto", 1])
+def test_squared_hinge_at_default_rates_fits_like_scikit_learn(batch_size: Any) -> None:
+    """The squared hinge at the default 'optimal' rates: scikit-learn's per-sample steps run to
+    margins of 1e13, which only its clip of d loss at 1e12 keeps finite; ours clips there too
+    (the float32 square overflowed) and scores as scikit-learn's on standardised breast_cancer."""
+    from sklearn.datasets import load_breast_cancer
+
+    X, y = load_breast_cancer(return_X_y=True)
+    X = scale(X)
+    ours = OrtSGDClassifier(loss="squared_hinge", batch_size=batch_size, random_state=0).fit(X, y)
+    theirs = SGDClassifier(loss="squared_hinge", random_state=0).fit(X, y)
+    assert ours.score(X, y) == pytest.approx(theirs.score(X, y), abs=0.01)

@@ -497,8 +497,11 @@ class BaseOrtTrainer(ParamsMixin):
         store = runner.store
         losses = np.empty(len(store.bounds), dtype=np.float64)
         hooks = [cb.on_batch_end for cb in callbacks if type(cb).on_batch_end is not Callback.on_batch_end]
-        # the weights at the end of the last complete epoch: what a divergence rolls back to
+        # the weights at the end of the last complete epoch: what a divergence rolls back to;
+        # and those of the epoch before it, kept while that epoch is in this fit's history, for a
+        # loss that is already not finite at the last epoch's end weights
         snapshot = runner.snapshot()
+        previous: TrainingState | None = None
         with _catch_sigint() as ctrl_c:
             for _ in range(n_epochs):
                 epoch = self.n_iter_
@@ -511,10 +514,12 @@ class BaseOrtTrainer(ParamsMixin):
                 except _FailedStep as failed:
                     cause = failed.__cause__ or failed
                     raise self._step_failed(runner, snapshot, cause, epoch, failed.batch) from cause
-                end = self._end_of_epoch(runner, snapshot, done, store.batch_totals(weights, order), epoch)
+                totals = store.batch_totals(weights, order)
+                end = self._end_of_epoch(runner, (snapshot, previous), done, totals, epoch)
                 if end is None:  # Ctrl-C: keep the steps taken, record no epoch
                     self._keep_steps_taken(runner, snapshot)
                     return _Outcome.INTERRUPTED
+                previous = snapshot
                 snapshot, logs = end
                 self.n_iter_ += 1
                 self.train_losses_.append(logs["train_loss"])
@@ -526,16 +531,30 @@ class BaseOrtTrainer(ParamsMixin):
         return _Outcome.COMPLETED
 
     def _end_of_epoch(
-        self, runner: StepRunner, snapshot: TrainingState, losses: np.ndarray, totals: np.ndarray, epoch: int
+        self,
+        runner: StepRunner,
+        snapshots: tuple[TrainingState, TrainingState | None],
+        losses: np.ndarray,
+        totals: np.ndarray,
+        epoch: int,
     ) -> tuple[TrainingState, dict[str, float]] | None:
         """Every divergence check of an epoch: each raises ConvergenceError after rolling back to
-        ``snapshot`` (the end of the previous epoch). Returns the epoch's weights and logs, or
-        None when Ctrl-C cut the epoch short.
+        the last state whose loss was seen finite. Returns the epoch's weights and logs, or None
+        when Ctrl-C cut the epoch short.
 
-        ``losses`` are those of the batches run, ``totals`` each batch's weight in the epoch's
-        mean."""
+        ``snapshots`` are the states at the end of the previous epoch and of the one before it
+        (None when that one is not in this fit's history); ``losses`` those of the batches run,
+        ``totals`` each batch's weight in the epoch's mean."""
+        snapshot, previous = snapshots
         if not np.isfinite(losses).all():
             i = int(np.flatnonzero(~np.isfinite(losses))[0])
+            if i == 0 and previous is not None:
+                # the first loss is that of the previous epoch's end weights: those are no finite
+                # state (with one batch an epoch they always diverge first); the epoch before's
+                # gave the finite first loss of the previous epoch
+                self._forget_last_epoch()
+                message = _loss_diverged(losses[i], epoch, i, restored="the end of the epoch before the last")
+                raise self._rolled_back(runner, previous, message, epoch, i)
             raise self._rolled_back(runner, snapshot, _loss_diverged(losses[i], epoch, i), epoch, i)
         last = len(totals) - 1
         if len(losses) <= last:
@@ -566,6 +585,13 @@ class BaseOrtTrainer(ParamsMixin):
                     last,
                 )
         return weights, logs
+
+    def _forget_last_epoch(self) -> None:
+        """Drops the last epoch from the history (a divergence rolled its weights back too)."""
+        self.n_iter_ -= 1
+        del self.train_losses_[-1]
+        if len(self.validation_losses_) > self.n_iter_:
+            del self.validation_losses_[-1]
 
     def _keep_steps_taken(self, runner: StepRunner, snapshot: TrainingState) -> None:
         """After Ctrl-C: the weights of the last step, unless that step overflowed."""
@@ -686,6 +712,20 @@ class BaseOrtTrainer(ParamsMixin):
         if not hasattr(self, "n_iter_"):
             self._new_history()
 
+    def _carry_progress(self, state: TrainingState) -> None:
+        """Continues the step counts of ``state`` (another trainer's, of the same weights), and
+        its optimizer states where this trainer's have the same names and shapes: the
+        scikit-learn layer's partial_fit after a parameter change rebuilds its trainer."""
+        current = self._current_state().copy()
+        mine = {k: [a.shape for a in v] for k, v in current.optimizer.items()}
+        theirs = {k: [a.shape for a in v] for k, v in state.optimizer.items()}
+        optimizer = current.optimizer
+        if mine == theirs:
+            optimizer = {k: [a.copy() for a in v] for k, v in state.optimizer.items()}
+        self._state = TrainingState(current.weights, optimizer, state.n_steps, state.n_samples)
+        if not hasattr(self, "n_iter_"):
+            self._new_history()
+
     # ---- checkpoints -----------------------------------------------------------------
     def save_checkpoint(self, path: str | os.PathLike[str]) -> None:
         """Writes the training state (weights, optimizer states, step and epoch counts, shuffling
@@ -765,8 +805,8 @@ class BaseOrtTrainer(ParamsMixin):
 
     def get_trained_onnx(self) -> ModelProto:
         """The prediction graph with the current weights (and BatchNormalization's running
-        statistics) as initializers; BatchNormalization normalises with its running statistics,
-        as torch's ``eval()`` does.
+        statistics) as initializers, in inference form as torch's ``eval()``: BatchNormalization
+        normalises with its running statistics, a training-mode Dropout is the identity.
 
         Returns
         -------
@@ -853,11 +893,12 @@ def describe_non_finite(weights: Mapping[str, np.ndarray]) -> str:
     return ", ".join(bad)
 
 
-def _loss_diverged(loss: float, epoch: int, batch: int) -> str:
+def _loss_diverged(
+    loss: float, epoch: int, batch: int, restored: str = "the end of the last complete epoch"
+) -> str:
     return (
         f"the training loss became {loss} at epoch {epoch + 1}, batch {batch + 1}: "
-        "weights were restored to the end of the last complete epoch; lower "
-        "the learning rate or scale the data"
+        f"weights were restored to {restored}; lower the learning rate or scale the data"
     )
 
 

@@ -29,11 +29,13 @@ class _StepError(RuntimeError):
         self.batch = batch
 
 
-class ConvergenceError(_StepError):
+class ConvergenceError(_StepError, ValueError):
     """The training loss became NaN or infinite.
 
     The trainer restored the weights and optimizer state of the last finite state (the end of
-    the last complete epoch) before raising, so the model stays usable.
+    the last complete epoch whose weights gave a finite loss) before raising, so the model
+    stays usable. It is a ``RuntimeError`` and, as scikit-learn's SGD and MLP raise on such
+    an overflow, a ``ValueError``.
 
     Parameters
     ----------

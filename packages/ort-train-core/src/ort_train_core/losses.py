@@ -11,10 +11,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 from ._builder import NodeBuilder
 from ._params import ParamsMixin
+
+#: scikit-learn's SGD clips the derivative of each sample's loss to [-MAX_DLOSS, MAX_DLOSS]
+MAX_DLOSS = 1e12
 
 
 class BaseLearningLoss(ParamsMixin):
@@ -393,7 +396,9 @@ class HingeLearningLoss(_MarginLoss):
 
 
 class SquaredHingeLearningLoss(HingeLearningLoss):
-    """Squared hinge ``l = max(0, threshold - y f)^2`` (``'squared_hinge'``).
+    """Squared hinge ``l = max(0, threshold - y f)^2`` (``'squared_hinge'``), continued by its
+    tangent beyond ``h = threshold - y f = MAX_DLOSS / 2`` so that the derivative stops at
+    ``MAX_DLOSS`` (1e12), as scikit-learn's SGD clips it.
 
     Parameters
     ----------
@@ -410,7 +415,12 @@ class SquaredHingeLearningLoss(HingeLearningLoss):
 
     def margin_loss(self, b: NodeBuilder, z: str) -> str:
         h = _relu(b, b.op("Sub", [_cell(b, self.threshold, "threshold"), z]), "hinge")
-        return b.op("Mul", [h, h], "squared_hinge")
+        # h_c (2 h - h_c), h_c = min(h, c): h^2 up to c, then its tangent, so that the
+        # derivative 2 h stops at MAX_DLOSS as scikit-learn clips it (its SGD on the squared
+        # hinge runs to margins of 1e13 at the default rates; h^2 would overflow float32)
+        clipped = b.op("Min", [h, _cell(b, MAX_DLOSS / 2, "half_max_dloss")], "hinge_clipped")
+        twice = b.op("Add", [h, h], "twice_hinge")
+        return b.op("Mul", [clipped, b.op("Sub", [twice, clipped])], "squared_hinge")
 
 
 class ModifiedHuberLearningLoss(_MarginLoss):
@@ -630,7 +640,8 @@ def reduce_rows(b: NodeBuilder, row_loss: str, weight: str | None, reduction: st
     weight : str or None
         The name of the sample weights ``s``, shape ``[N]``; None for weights of 1.
     reduction : {'mean', 'sum', 'row_mean'}
-        ``L = sum_i s_i l_i / sum_i s_i`` (``'mean'``), ``sum_i s_i l_i`` (``'sum'``), or
+        ``L = sum_i s_i l_i / sum_i s_i`` (``'mean'``; 0 for a batch whose weights are all
+        0), ``sum_i s_i l_i`` (``'sum'``), or
         ``sum_i s_i l_i / n`` (``'row_mean'``: each row's step scales with its weight, as
         per-sample SGD weighs samples; in a batch of one row, ``'mean'`` would cancel the
         weight).
@@ -656,7 +667,11 @@ def reduce_rows(b: NodeBuilder, row_loss: str, weight: str | None, reduction: st
     total = b.sum_all(weighted)
     if reduction == "sum":
         return total
-    return b.op("Div", [total, b.sum_all(weight, "weight_sum")], "data_loss")
+    # a batch whose weights are all 0 has loss 0 and no gradient (not 0 / 0): the weighted
+    # epoch mean gives it no weight either; any positive total is at least the smallest normal
+    tiny = np.finfo(helper.tensor_dtype_to_np_dtype(b.elem_type)).tiny
+    weight_sum = b.op("Max", [b.sum_all(weight, "weight_sum"), b.const(tiny, "tiny")], "weight_sum_pos")
+    return b.op("Div", [total, weight_sum], "data_loss")
 
 
 class BaseLearningPenalty(ParamsMixin):
