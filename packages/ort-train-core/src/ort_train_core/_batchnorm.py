@@ -11,8 +11,13 @@ folding, which onnxruntime's module graph builder trains with batch statistics t
   ``running = momentum * running + (1 - momentum) * batch_statistic``, the variance being the
   unbiased one (``n / (n - 1)`` times the mean of squared deviations, ``n`` the values per
   channel), as torch keeps it (onnxruntime's ``BatchNormInternal`` keeps the biased one);
-- prediction (the exported graph, ``OnnxModule.eval()``) normalises with them: the nodes are
-  written in inference form (``training_mode=0``, one output).
+- prediction (the exported graph, ``OnnxModule.eval()``, the validation loss) normalises with
+  them: the nodes are written in inference form (``training_mode=0``, one output), and so are
+  the Dropout nodes of a training-mode export (the identity, as in torch's ``eval()``), by the one
+  function every prediction route calls (:func:`inference_form`);
+- a training batch leaving a node a single value per channel is refused before any step, as
+  torch refuses it (:func:`check_training_batches`, :func:`single_value_channels`): its unbiased
+  variance divides by zero.
 
 The update is written here with standard operators, beside the node (:func:`with_updates`):
 the same graph serves every route and any runtime. No gradient flows through it: the batch
@@ -22,12 +27,15 @@ has no backward to build for the updated statistics.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
+import numpy as np
 import onnx
 from onnx import ModelProto, helper
 
-from ._builder import NodeBuilder
+from ._builder import NodeBuilder, unique_name
 
 #: the model metadata key under which :func:`with_updates` records the update outputs
 UPDATES_KEY = "ort_train.running_statistics"
@@ -213,10 +221,24 @@ def update_outputs(model: ModelProto) -> dict[str, str]:
     return dict(pair.split("=", 1) for pair in text.split(";") if pair)
 
 
+def _is_training_dropout(node: onnx.NodeProto) -> bool:
+    """A Dropout (opset 12 on) given a ``training_mode`` input: absent or empty, it is the
+    identity already."""
+    return (
+        node.op_type == "Dropout"
+        and node.domain in ("", "ai.onnx")
+        and len(node.input) > 2
+        and bool(node.input[2])
+    )
+
+
 def inference_form(model: ModelProto) -> ModelProto:
-    """``model`` with its training-mode BatchNormalization nodes normalising with their running
-    statistics, as torch's ``eval()`` does: ``training_mode`` 0, the optional outputs dropped
-    where nothing reads them. Returns ``model`` itself when it has none.
+    """``model`` as torch's ``eval()`` runs it, for every prediction (the trained graph, the
+    validation loss, inference sessions): its training-mode BatchNormalization nodes normalise
+    with their running statistics (``training_mode`` 0, the optional outputs dropped where
+    nothing reads them), and its Dropout nodes with a ``training_mode`` input are the identity
+    (that input dropped: ONNX's Dropout then gives ``Y = X`` and, to a reader of its optional
+    ``mask`` output, a mask of ones). Returns ``model`` itself when it has neither.
 
     Parameters
     ----------
@@ -228,12 +250,21 @@ def inference_form(model: ModelProto) -> ModelProto:
     onnx.ModelProto
         A copy in inference form, or ``model``.
     """
-    if not any(_is_training(n) for n in model.graph.node):
+    if not any(_is_training(n) or _is_training_dropout(n) for n in model.graph.node):
         return model
     out = ModelProto()
     out.CopyFrom(model)
-    read = {i for n in out.graph.node for i in n.input} | {o.name for o in out.graph.output}
-    for node in out.graph.node:
+    g = out.graph
+    read = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    dropped: set[str] = set()
+    for node in g.node:
+        if _is_training_dropout(node):
+            # whatever feeds training_mode (a constant true, a graph input), absent means false
+            dropped.add(node.input[2])
+            del node.input[2:]
+            if not node.input[1]:  # no ratio either: no trailing empty optional input
+                del node.input[1:]
+            continue
         if not _is_training(node):
             continue
         kept = [a for a in node.attribute if a.name != "training_mode"]
@@ -241,4 +272,262 @@ def inference_form(model: ModelProto) -> ModelProto:
         node.attribute.extend(kept)
         if not any(o in read for o in node.output[1:]):
             del node.output[1:]
+    _drop_unread_constants(out, dropped)
     return out
+
+
+def _drop_unread_constants(model: ModelProto, names: set[str]) -> None:
+    """Removes (in place) the initializers and Constant nodes of ``names`` that nothing reads
+    any more (onnxruntime warns of an unused initializer); a graph input stays."""
+    g = model.graph
+    read = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    unread = names - read
+    if not unread:
+        return
+    kept_inits = [i for i in g.initializer if i.name not in unread]
+    gone = {i.name for i in g.initializer} - {i.name for i in kept_inits}
+    kept_inputs = [i for i in g.input if i.name not in gone]
+    kept_nodes = [n for n in g.node if not (n.op_type == "Constant" and set(n.output) <= unread)]
+    for field, kept in ((g.initializer, kept_inits), (g.input, kept_inputs), (g.node, kept_nodes)):
+        if len(kept) != len(field):
+            del field[:]
+            field.extend(kept)
+
+
+# ---- a batch BatchNormalization cannot normalise ---------------------------------------------
+
+#: what torch says of a training batch leaving one value per channel
+_TORCH_REFUSES = "torch's BatchNorm raises 'Expected more than 1 value per channel when training'"
+
+#: initializers of at most this many values stay in the copy that shape inference reads (shape
+#: and axes tensors, which data propagation needs); the larger ones go in as typed inputs
+_SMALL_INITIALIZER = 64
+
+
+def training_batch_norms(model: ModelProto, statistics: Sequence[str]) -> list[onnx.NodeProto]:
+    """The BatchNormalization nodes that normalise with the batch's statistics in a training
+    step: those exported in training mode, and those whose running statistics the step updates
+    (:func:`with_updates` sets them in training mode).
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The model.
+    statistics : sequence of str
+        The running statistics the training steps update.
+
+    Returns
+    -------
+    list of onnx.NodeProto
+        The nodes, in graph order.
+    """
+    wanted = set(statistics)
+    return [
+        n
+        for n in model.graph.node
+        if _is_batch_norm(n) and (_is_training(n) or bool(set(n.input[3:5]) & wanted))
+    ]
+
+
+def single_value_channels(
+    model: ModelProto,
+    statistics: Sequence[str],
+    shapes: Mapping[str, Sequence[int]],
+    feeds: Callable[[], Mapping[str, np.ndarray]] | None = None,
+) -> list[str]:
+    """The training-mode BatchNormalization nodes (:func:`training_batch_norms`) that a
+    training step fed inputs of ``shapes`` would normalise over a single value per channel,
+    which torch refuses: their input X [N, C, ...] has ``N * prod(spatial dims) == 1``.
+
+    A batch variance of one value is 0 and its unbiased running update divides by ``n - 1 = 0``:
+    onnxruntime writes a huge negative running variance, and later predictions are NaN.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The model (trained weights and running statistics as initializers or inputs).
+    statistics : sequence of str
+        The running statistics the training steps update.
+    shapes : mapping of str to sequence of int
+        The shape of each graph input of the step.
+    feeds : callable or None, default=None
+        Gives the inputs as arrays (of ``shapes``), to run the graph up to the nodes when ONNX
+        shape inference cannot tell their input shapes; None: such nodes are not reported.
+
+    Returns
+    -------
+    list of str
+        Each such node, named with its input's shape (empty when there is none).
+    """
+    nodes = training_batch_norms(model, statistics)
+    if not nodes:
+        return []
+    xs = list(dict.fromkeys(n.input[0] for n in nodes))
+    found = _inferred_shapes(model, shapes, xs)
+    unknown = [x for x in xs if found[x] is None]
+    if unknown and feeds is not None:
+        found.update(_probed_shapes(model, unknown, feeds))
+    out = []
+    for node in nodes:
+        shape = found.get(node.input[0])
+        if shape is not None and len(shape) >= 2 and shape[0] * math.prod(shape[2:]) == 1:
+            out.append(f"{node.name or node.input[0]!r} (input {list(shape)})")
+    return out
+
+
+def _inferred_shapes(
+    model: ModelProto, shapes: Mapping[str, Sequence[int]], names: Sequence[str]
+) -> dict[str, tuple[int, ...] | None]:
+    """The static shape of each value of ``names`` (None where unknown) by ONNX shape inference,
+    the graph inputs set to ``shapes``."""
+    light = ModelProto()
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    g = light.graph
+    g.node.extend(model.graph.node)
+    inits = {i.name for i in model.graph.initializer}
+    for vi in model.graph.input:
+        if vi.name in shapes:
+            elem = vi.type.tensor_type.elem_type
+            g.input.append(helper.make_tensor_value_info(vi.name, elem, list(shapes[vi.name])))
+        elif vi.name not in inits:
+            g.input.append(vi)
+    # the weights' values are not needed, only their shapes: a large model is not copied
+    for init in model.graph.initializer:
+        if math.prod(init.dims) <= _SMALL_INITIALIZER:
+            g.initializer.append(init)
+        else:
+            g.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    g.output.extend(model.graph.output)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
+    except Exception:  # onnx's inference errors have no common base class: shapes unknown
+        return dict.fromkeys(names)
+    known: dict[str, tuple[int, ...]] = {}
+    ig = inferred.graph
+    for vi in [*ig.input, *ig.value_info, *ig.output]:
+        tt = vi.type.tensor_type
+        known_dims = tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim)
+        if vi.type.HasField("tensor_type") and known_dims:
+            known[vi.name] = tuple(d.dim_value for d in tt.shape.dim)
+    return {n: known.get(n) for n in names}
+
+
+def _probed_shapes(
+    model: ModelProto, names: Sequence[str], feeds: Callable[[], Mapping[str, np.ndarray]]
+) -> dict[str, tuple[int, ...] | None]:
+    """The shape of each value of ``names`` in a run of the graph on ``feeds()`` (onnxruntime,
+    CPU), only the nodes they depend on; None for all when it cannot run."""
+    from .graph import all_names, prune_to_outputs  # graph builds on this module
+
+    work = ModelProto()
+    work.CopyFrom(model)
+    taken = all_names(work)
+    outputs = []
+    for x in names:
+        out = unique_name(f"{x}_shape", taken)
+        work.graph.node.append(helper.make_node("Shape", [x], [out]))
+        work.graph.output.append(helper.make_tensor_value_info(out, onnx.TensorProto.INT64, [None]))
+        outputs.append(out)
+    try:
+        import onnxruntime
+
+        work = inference_form(prune_to_outputs(work, outputs))
+        inits = {i.name for i in work.graph.initializer}
+        values = feeds()
+        needed = {i.name: values[i.name] for i in work.graph.input if i.name not in inits}
+        session = onnxruntime.InferenceSession(work.SerializeToString(), providers=["CPUExecutionProvider"])
+        got = session.run(outputs, needed)
+    except Exception:  # a graph the CPU cannot run here: the shapes stay unknown
+        return dict.fromkeys(names)
+    return {x: tuple(int(d) for d in np.asarray(v)) for x, v in zip(names, got)}
+
+
+def check_training_batches(
+    model: ModelProto,
+    statistics: Sequence[str],
+    features: Mapping[str, Any],
+    batch_size: int,
+) -> None:
+    """Refuses, before any step, a fit whose batches would leave a training-mode
+    BatchNormalization node a single value per channel (:func:`single_value_channels`), as
+    torch does: a batch of 1 row, when the node's input has no spatial size to make up for it.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The loss graph the steps run.
+    statistics : sequence of str
+        The running statistics the steps update.
+    features : mapping of str to array-like
+        The training arrays of the graph's feature inputs (rows first; scipy.sparse allowed).
+    batch_size : int
+        The fit's batch size: batches of ``batch_size`` rows, the last one of the rest.
+
+    Raises
+    ------
+    ValueError
+        When some batch would normalise a single value per channel, with the batch sizes
+        that fix it.
+    """
+    if not features or not training_batch_norms(model, statistics):
+        return
+    n_rows = int(next(iter(features.values())).shape[0])
+    # a batch of 2 rows or more gives every node at least 2 values per channel (its input keeps
+    # the batch's rows first, as torch's BatchNorm layers see them): only a 1-row batch is checked
+    if min(batch_size, n_rows) != 1 and n_rows % batch_size != 1:
+        return
+    from ._data import dense_rows
+
+    shapes = {name: (1, *a.shape[1:]) for name, a in features.items()}
+    bad = single_value_channels(
+        model, statistics, shapes, lambda: {name: dense_rows(a, slice(0, 1)) for name, a in features.items()}
+    )
+    if not bad:
+        return
+    if n_rows == 1:
+        why, fix = "the training data has a single row", "train on 2 rows or more"
+    elif batch_size == 1:
+        why, fix = "batch_size=1 gives batches of 1 row", "choose a batch_size of 2 or more"
+    else:
+        why = f"batch_size={batch_size} leaves a last batch of 1 row ({n_rows} rows)"
+        sizes = _batch_sizes_without_one_row(n_rows, batch_size)
+        fix = f"choose a batch_size that leaves no 1-row batch ({sizes}), or train on one row fewer or more"
+    raise ValueError(
+        f"{why}: BatchNormalization in training mode needs more than 1 value per channel, and node "
+        f"{', '.join(bad)} would normalise a single one ({_TORCH_REFUSES}; onnxruntime would write a "
+        f"negative running variance); {fix}"
+    )
+
+
+def _batch_sizes_without_one_row(n_rows: int, batch_size: int) -> str:
+    """The nearest batch sizes below and above ``batch_size`` that leave no 1-row batch."""
+    below = next((b for b in range(batch_size - 1, 1, -1) if n_rows % b != 1), None)
+    above = next((b for b in range(batch_size + 1, n_rows + 1) if n_rows % b != 1), None)
+    found = [str(b) for b in (below, above) if b is not None]
+    return "e.g. " + " or ".join(found) if found else f"e.g. {n_rows}"
+
+
+def single_row_forward_error(bad: Sequence[str], shapes: Mapping[str, Sequence[int]]) -> ValueError:
+    """The error of a training forward that :func:`single_value_channels` found ``bad``.
+
+    Parameters
+    ----------
+    bad : sequence of str
+        The nodes, as :func:`single_value_channels` names them.
+    shapes : mapping of str to sequence of int
+        The shape of each input fed.
+
+    Returns
+    -------
+    ValueError
+        The error to raise.
+    """
+    fed = ", ".join(f"{name} {list(shape)}" for name, shape in shapes.items())
+    return ValueError(
+        f"a training forward of {fed}: BatchNormalization in training mode needs more than 1 value "
+        f"per channel, and node {', '.join(bad)} would normalise a single one ({_TORCH_REFUSES}; "
+        "onnxruntime would write a negative running variance); feed 2 rows or more, or run this "
+        "batch in inference (forward(..., training=False), OnnxModule.eval() or torch.no_grad())"
+    )

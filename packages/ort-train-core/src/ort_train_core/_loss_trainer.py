@@ -126,14 +126,16 @@ class FitGraphs:
 
     @functools.cached_property
     def evaluating(self) -> ModelProto:
-        """The loss graph of the validation loss: trained weights and running statistics as
-        inputs, BatchNormalization normalising with the running statistics (torch's eval())."""
+        """The loss graph of the validation loss (and of ``score``): trained weights and running
+        statistics as inputs, in inference form as torch's eval() (BatchNormalization normalising
+        with the running statistics, Dropout the identity), so that it is deterministic."""
         stats = self.inputs.statistics
-        if not stats:
-            return self.trainable
-        return batchnorm.inference_form(
+        model = (
             initializers_to_inputs(self.loss_model, [*self.inputs.parameters, *stats])
+            if stats
+            else self.trainable
         )
+        return batchnorm.inference_form(model)
 
     @functools.cached_property
     def fingerprint(self) -> str:
@@ -298,6 +300,20 @@ class LossGraphTrainer(BaseOrtTrainer):
             n_classes=get_metadata(model, "n_classes"),
             weight_dtype=weight_dtype,
         )
+
+    def _checked_data(
+        self, X: Any, y: Any, sample_weight: Any, X_val: Any, y_val: Any, sample_weight_val: Any
+    ) -> tuple[list[np.ndarray | None], list[np.ndarray | None] | None]:
+        """The fit's arrays (:meth:`BaseOrtTrainer._checked_data`), refused before any step
+        (weights and history untouched) when a batch of ``batch_size`` rows would leave a
+        training-mode BatchNormalization a single value per channel; the validation loss
+        normalises with the running statistics, any batch of it is fine."""
+        data, validation = super()._checked_data(X, y, sample_weight, X_val, y_val, sample_weight_val)
+        graphs = self._fit_graphs()
+        inputs = graphs.inputs
+        features = {name: a for name, a in zip(inputs.features, data) if a is not None}
+        batchnorm.check_training_batches(graphs.loss_model, inputs.statistics, features, int(self.batch_size))
+        return data, validation
 
     def _initial_state(self) -> TrainingState:
         inputs = self._inputs()

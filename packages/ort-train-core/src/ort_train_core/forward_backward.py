@@ -123,6 +123,10 @@ class OrtGradientForwardBackward:
         self._statistics = {s: DeviceArray(values[s], self.device) for s in self.statistics}
         self._inference: Any = None
         self._pending: list[PendingForward] = []
+        # whether a training forward can normalise over a batch's statistics, and the check of
+        # each input shapes seen (the error's text, "" when they are fine)
+        self._batch_norms = bool(batchnorm.training_batch_norms(model, self.statistics))
+        self._checked_shapes: dict[tuple[tuple[int, ...], ...], str] = {}
 
     # ---- weights ------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -211,6 +215,9 @@ class OrtGradientForwardBackward:
         None, updates the running statistics this object owns; ``False`` runs an inference
         session (BatchNormalization with the running statistics) and keeps nothing.
         ``statistics``: the running statistics to read instead of the owned ones (not updated).
+        A training forward that would leave a training-mode BatchNormalization node a single
+        value per channel (1 row, no spatial size) raises ValueError, as torch does, and
+        changes nothing.
         """
         keep: list[Any] = []
         feeds = self._feeds(inputs, weights, keep, statistics)
@@ -239,7 +246,15 @@ class OrtGradientForwardBackward:
         (OrtValueVector, PendingForward)
             The outputs in the backend's vector (a caller converts them all in one call, e.g.
             ``to_dlpacks``) and the state for :meth:`run_backward`.
+
+        Raises
+        ------
+        ValueError
+            When the inputs would leave a training-mode BatchNormalization node a single value
+            per channel (torch's rule: rows times spatial size is 1); nothing ran.
         """
+        if self._batch_norms:
+            self._check_batch_statistics(feeds)
         pair = self._pair
         vin = pair.vector(feeds)
         out = pair.vector(())
@@ -247,6 +262,29 @@ class OrtGradientForwardBackward:
         pair.run_forward(vin, out, state)
         keep.append(vin)
         return out, PendingForward(state, keep, out)
+
+    def _check_batch_statistics(self, feeds: Sequence[Any]) -> None:
+        """Refuses a training forward that would leave a BatchNormalization node a single value
+        per channel, as torch does, before it writes a negative running variance (the caller's
+        statistics too: the torch module's buffers)."""
+        n = len(self.input_names)
+        shapes = tuple(tuple(int(d) for d in f.shape()) for f in feeds[:n])
+        # 2 rows or more give every node 2 values per channel or more: only 1-row inputs are checked
+        if not any(s and s[0] == 1 for s in shapes):
+            return
+        message = self._checked_shapes.get(shapes)
+        if message is None:
+            by_name = dict(zip(self.input_names, shapes))
+            bad = batchnorm.single_value_channels(
+                self._model,
+                self.statistics,
+                by_name,
+                lambda: {name: np.asarray(f.numpy()) for name, f in zip(self.input_names, feeds)},
+            )
+            message = str(batchnorm.single_row_forward_error(bad, by_name)) if bad else ""
+            self._checked_shapes[shapes] = message
+        if message:
+            raise ValueError(message)
 
     def _infer(self, feeds: list[Any]) -> list[Any]:
         if self._inference is None:

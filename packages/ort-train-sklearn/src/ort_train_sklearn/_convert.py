@@ -61,6 +61,7 @@ from ort_train_core.graph import (
     all_names,
     ancestors,
     default_weights_to_train,
+    inference_form,
     initializer_values,
     normalise_model,
     nothing_to_train_error,
@@ -370,17 +371,11 @@ Feeds = dict[str, np.ndarray]
 
 
 def _deterministic(model: ModelProto) -> ModelProto:
-    """A copy whose Dropout nodes run in inference mode (their training_mode input dropped), so
-    that the conversion check compares equal computations: a training-mode export (torch's
-    TrainingMode.TRAINING) drops at random on every run."""
-    if not any(n.op_type == "Dropout" and len(n.input) > 2 for n in model.graph.node):
-        return model
-    out = ModelProto()
-    out.CopyFrom(model)
-    for node in out.graph.node:
-        if node.op_type == "Dropout" and len(node.input) > 2:
-            del node.input[2:]
-    return out
+    """The graph as it predicts (the core's :func:`~ort_train_core.graph.inference_form`: Dropout
+    the identity, BatchNormalization on its running statistics), so that the conversion check
+    compares equal computations: a training-mode export (torch's TrainingMode.TRAINING) drops at
+    random on every run."""
+    return inference_form(model)
 
 
 def _n_rows(feeds: Feeds) -> int:
