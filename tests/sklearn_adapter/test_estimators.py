@@ -609,28 +609,95 @@ def test_partial_fit_classes(estimator_class: type) -> None:
 @pytest.mark.parametrize("training", TRAININGS)
 @pytest.mark.parametrize("estimator_class", ESTIMATORS)
 def test_warm_start_continues(estimator_class: type, training: str) -> None:
-    """fit(max_iter=2) then a warm fit(max_iter=3) = fit(max_iter=5): weights, optimizer state
-    (Adam's moments) and schedule go on; n_iter_ counts the epochs of the last call, loss_curve_
-    all of them, as in scikit-learn."""
+    """fit(max_iter=2) then a warm fit(max_iter=3) goes on from the fitted weights: n_iter_
+    counts the epochs of the last call, loss_curve_ all of them, as in scikit-learn (the steps
+    themselves: test_warm_fit_restarts_the_optimisation_like_sklearn)."""
     est, X = _fit(estimator_class, training)
     y = est.predict(X)
     params: dict[str, Any] = dict(shuffle=False, tol=None, random_state=SEED, training=training)
     warm = _make(estimator_class, max_iter=2, warm_start=True, **params).fit(X, y)
+    first_curve = list(warm.loss_curve_)
     warm.set_params(max_iter=3).fit(X, y)
-    cold = _make(estimator_class, max_iter=5, **params).fit(X, y)
     assert warm.n_iter_ == 3
-    assert cold.n_iter_ == 5
-    np.testing.assert_allclose(warm.loss_curve_, cold.loss_curve_, rtol=1e-6)
-    np.testing.assert_allclose(
-        warm.predict_proba(X) if is_classifier(warm) else warm.predict(X),
-        cold.predict_proba(X) if is_classifier(cold) else cold.predict(X),
-        rtol=1e-6,
-        atol=1e-6,
-    )
+    assert len(warm.loss_curve_) == 5
+    assert warm.loss_curve_[:2] == first_curve
+    # the warm fit starts where the first ended, not from the initial weights (rows in order,
+    # same seed: those would give a cold start's first loss exactly)
+    cold = _make(estimator_class, max_iter=3, **params).fit(X, y)
+    assert warm.loss_curve_[2] != pytest.approx(cold.loss_curve_[0], rel=1e-6)
     # without warm_start, fit starts again
     again = _make(estimator_class, max_iter=2, **params).fit(X, y)
     again.set_params(max_iter=3).fit(X, y)
     assert len(again.loss_curve_) == 3
+    np.testing.assert_allclose(again.loss_curve_, cold.loss_curve_, rtol=1e-6)
+
+
+@_ignore_convergence
+@pytest.mark.parametrize("training", TRAININGS)
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"eta0": 0.002}, {"penalty": "l2", "alpha": 0.05}, {"loss": "huber", "epsilon": 0.2}],
+)
+def test_warm_fit_restarts_the_optimisation_like_sklearn(training: str, changes: dict[str, Any]) -> None:
+    """scikit-learn's SGD: a warm fit starts its schedule again (t_ = 1) from the fitted
+    weights, with the parameters as they are now; per-sample steps in row order, invscaling,
+    against SGDRegressor doing the same calls."""
+    X, y, _ = _linear_data()
+    params: dict[str, Any] = dict(
+        learning_rate="invscaling",
+        eta0=0.01,
+        max_iter=2,
+        tol=None,
+        shuffle=False,
+        penalty=None,
+        warm_start=True,
+    )
+    ours = OrtSGDRegressor(training=training, batch_size=1, **params).fit(X, y)
+    reference = SGDRegressor(**params).fit(X, y)
+    ours.set_params(max_iter=3, **changes).fit(X, y)
+    reference.set_params(max_iter=3, **changes).fit(X, y)
+    np.testing.assert_allclose(ours.coef_, reference.coef_, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ours.intercept_, reference.intercept_, rtol=1e-5, atol=1e-6)
+    assert ours.t_ == reference.t_
+    assert isinstance(ours.t_, float)  # as scikit-learn's SGD (its MLPs count in int)
+    # partial_fit goes on with the schedule (t_), and with the parameters as they are now
+    ours.set_params(eta0=0.005).partial_fit(X, y)
+    reference.set_params(eta0=0.005).partial_fit(X, y)
+    np.testing.assert_allclose(ours.coef_, reference.coef_, rtol=1e-5, atol=1e-6)
+    assert ours.t_ == reference.t_
+
+
+@_ignore_convergence
+@pytest.mark.parametrize("training", TRAININGS)
+@pytest.mark.parametrize("changes", [{}, {"learning_rate_init": 0.01, "alpha": 0.5}])
+def test_mlp_warm_fit_restarts_the_optimizer_like_sklearn(training: str, changes: dict[str, Any]) -> None:
+    """scikit-learn's MLP: a warm fit makes a new optimizer (Adam's moments and step count
+    from zero) with the parameters as they are now, from the fitted weights; t_ and
+    loss_curve_ go on."""
+    X, y, _ = _mlp_data("regression")
+    params: dict[str, Any] = dict(
+        hidden_layer_sizes=(5,),
+        activation="tanh",
+        solver="adam",
+        learning_rate_init=0.05,
+        alpha=0.1,
+        batch_size=20,
+        max_iter=2,
+        shuffle=False,
+        random_state=SEED,
+        warm_start=True,
+    )
+    ours = OrtMLPRegressor(training=training, tol=None, **params).fit(X, y)
+    reference = MLPRegressor(**params).fit(X, y)
+    ours.set_params(max_iter=3, **changes).fit(X, y)
+    reference.set_params(max_iter=3, **changes).fit(X, y)
+    for got, expected in zip(ours.coefs_ + ours.intercepts_, reference.coefs_ + reference.intercepts_):
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(ours.loss_curve_, reference.loss_curve_, rtol=1e-4)
+    assert ours.t_ == reference.t_
+    # other hidden layers cannot continue from these weights
+    with pytest.raises(ValueError, match=r"hidden layers are \(5,\), not hidden_layer_sizes=\(6,\)"):
+        ours.set_params(hidden_layer_sizes=(6,)).fit(X, y)
 
 
 @pytest.mark.parametrize(
@@ -728,6 +795,67 @@ def test_early_stopping_attributes(estimator_class: type) -> None:
     assert est.best_loss_ is None
     assert len(est.validation_scores_) == len(est.loss_curve_) == est.n_iter_
     assert est.best_validation_score_ == max(est.validation_scores_)
+
+
+@pytest.mark.parametrize("estimator_class", [OrtSGDRegressor, OrtMLPRegressor])
+def test_early_stopping_needs_two_validation_rows(estimator_class: type) -> None:
+    """scikit-learn's MLPs refuse a validation set of one row (its R2 is undefined; a
+    classifier's stratified split already needs a row per class)."""
+    X, y = _data(estimator_class, None)
+    est = _make(estimator_class, early_stopping=True, validation_fraction=0.1)
+    with pytest.raises(
+        ValueError, match=r"validation set is too small: .* leaves 1\. Increase 'validation_fraction'"
+    ):
+        est.fit(X[:10], y[:10])
+    if "MLP" in estimator_class.__name__:
+        reference = MLPRegressor(early_stopping=True)
+        with pytest.raises(ValueError, match="validation set is too small"):
+            reference.fit(X[:10], y[:10])
+
+
+@pytest.mark.parametrize("estimator_class", [OrtMLPRegressor, OrtMLPClassifier])
+def test_mlp_batch_larger_than_the_data_warns_like_sklearn(estimator_class: type) -> None:
+    X, y = _data(estimator_class, None)
+    reference = (MLPClassifier if is_classifier(estimator_class()) else MLPRegressor)(
+        batch_size=1000, max_iter=2
+    )
+    with pytest.warns(UserWarning, match="It is going to be clipped") as theirs:
+        reference.fit(X, y)
+    with pytest.warns(UserWarning, match="It is going to be clipped") as ours:
+        _make(estimator_class, batch_size=1000, max_iter=2).fit(X, y)
+    assert [str(w.message) for w in ours if w.category is UserWarning] == [
+        str(w.message) for w in theirs if w.category is UserWarning
+    ]
+
+
+@pytest.mark.parametrize("estimator_class", ESTIMATORS)
+def test_refit_without_early_stopping_clears_the_validation_scores(estimator_class: type) -> None:
+    est, X = _fit(estimator_class, early_stopping=True)
+    est.set_params(early_stopping=False).fit(X, est.predict(X))
+    assert est.validation_scores_ is None
+    assert est.best_validation_score_ is None  # as scikit-learn's MLPs
+
+
+@pytest.mark.parametrize("training", TRAININGS)
+@pytest.mark.parametrize("warm", [False, True])
+def test_a_diverging_fit_leaves_attributes_and_predictions_agreeing(training: str, warm: bool) -> None:
+    """ConvergenceError (a ValueError, as scikit-learn's SGD raises) rolls the weights back to
+    the last finite state; coef_, predict, a pickled copy and to_onnx() all use that state."""
+    X, y, _ = _linear_data()
+    est = OrtSGDRegressor(training=training, warm_start=warm, random_state=SEED).fit(X, y)
+    est.predict(X[:2])  # an inference session of the first fit is cached
+    epochs_before = len(est.loss_curve_) if warm else 0
+    est.set_params(eta0=1e4, learning_rate="constant", tol=None, max_iter=5)
+    with pytest.raises(ValueError, match="loss became") as info:
+        est.fit(X * 100, y * 100)
+    assert isinstance(info.value, ConvergenceError)
+    expected = X[:3] @ est.coef_ + est.intercept_
+    np.testing.assert_allclose(est.predict(X[:3]), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(pickle.loads(pickle.dumps(est)).predict(X[:3]), expected, rtol=1e-5, atol=1e-5)
+    session = _session(est.to_onnx())
+    (deployed,) = session.run(None, {session.get_inputs()[0].name: X[:3].astype(np.float32)})
+    np.testing.assert_allclose(deployed.ravel(), expected, rtol=1e-5, atol=1e-5)
+    assert est.n_iter_ == len(est.loss_curve_) - epochs_before >= 0
 
 
 @pytest.mark.parametrize("estimator_class", ESTIMATORS)

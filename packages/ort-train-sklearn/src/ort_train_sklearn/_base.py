@@ -38,6 +38,7 @@ from ort_train_core import (
 )
 from ort_train_core._cache import LRUCache, model_digest
 from ort_train_core._data import dense_rows, is_sparse, sparse_as
+from ort_train_core.graph import initializer_values, inputs_to_initializers
 
 from ._graphs import classifier_head, probabilities
 
@@ -45,6 +46,29 @@ _Estimator = TypeVar("_Estimator", bound="OrtEstimatorMixin")
 #: X (an array, or a tuple of the arrays of several inputs), y and the sample weights (None:
 #: all 1) of a fit
 _Arrays = tuple[Any, np.ndarray, np.ndarray | None]
+
+#: the parameters a fit reads itself; the others build the trainer, which a warm fit or a
+#: partial_fit rebuilds when they changed
+_READ_AT_EACH_FIT = frozenset(
+    {"max_iter", "tol", "shuffle", "early_stopping", "validation_fraction", "n_iter_no_change", "warm_start"}
+)
+
+
+def _same_params(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two get_params() dicts hold the same values (arrays compared by value)."""
+    if a.keys() != b.keys():
+        return False
+    for key, value in a.items():
+        other = b[key]
+        if value is other:
+            continue
+        if isinstance(value, np.ndarray) or isinstance(other, np.ndarray):
+            if not np.array_equal(np.asarray(value, dtype=object), np.asarray(other, dtype=object)):
+                return False
+        elif type(value) is not type(other) or value != other:
+            return False
+    return True
+
 
 _COMMON_CONSTRAINTS: dict[str, list[Any]] = {
     "max_iter": [Interval(Integral, 1, None, closed="left")],
@@ -223,7 +247,10 @@ class OrtEstimatorMixin(BaseEstimator):
     #: the best epoch's weights), or as its SGD (stop when it reaches it, keep the last ones)
     _keeps_best_epoch = True
     #: t_ before the first epoch: scikit-learn's MLPs count samples from 0, its SGD from 1
-    _t_start = 0
+    _t_start: float = 0
+    #: whether every fit (a warm one too) starts t_ again (scikit-learn's SGD) or only the first
+    #: (its MLPs)
+    _t_restarts = False
     #: whether y may be a multilabel indicator matrix (scikit-learn's MLPClassifier)
     _supports_multilabel = False
     #: whether X may be a scipy.sparse matrix (scikit-learn's SGD and MLP estimators): kept in
@@ -430,9 +457,15 @@ class OrtEstimatorMixin(BaseEstimator):
         validation = None
         if self.early_stopping and not incremental:
             (X, y_enc, sw), validation = self._split_validation(X, y_enc, sw, rng)
+        mean_weight = 1.0 if sw is None or self._rows_weighted else float(np.mean(sw, dtype=np.float64))
         if first:
-            mean_weight = 1.0 if sw is None or self._rows_weighted else float(np.mean(sw, dtype=np.float64))
             self._trainer = self._make_trainer(model, _n_rows(X), n_outputs, rng, mean_weight)
+            self._curve_before: list[float] = []
+        elif not incremental or not _same_params(self._built_with(), self._shaping_params()):
+            # scikit-learn reads every parameter at each call: a warm fit starts a new
+            # optimisation (schedule, optimizer state) from the fitted weights, a partial_fit
+            # continues the schedule with the current parameters
+            self._remake_trainer(_n_rows(X), n_outputs, rng, mean_weight, keep_progress=incremental)
         trainer = self._trainer
         trainer.max_iter = 1 if incremental else self.max_iter
         trainer.tol = (
@@ -448,19 +481,26 @@ class OrtEstimatorMixin(BaseEstimator):
             # the validation loss (and checkpoints it) but this callback decides
             scoring = _ValidationScore(self, validation, self.tol, self.n_iter_no_change)
             trainer.tol = None
-        callbacks = [cb for cb in (scoring, self._step_callback(first)) if cb is not None]
+        restart = first or not incremental
+        callbacks = [cb for cb in (scoring, self._step_callback(restart)) if cb is not None]
         trainer.callbacks = callbacks or None
         if self._full_batch():  # scikit-learn's L-BFGS: no epochs, no early stopping
-            if first:
+            if first or (restart and self._t_restarts):
                 self.t_ = self._t_start
             self._fit_full_batch(trainer, X, y_enc, sw, n_outputs)
             return self
         epochs_before = int(getattr(trainer, "n_iter_", 0))
-        self._train(trainer.resume if resume else trainer.fit, (X, y_enc, sw), validation)
+        try:
+            self._train(trainer.resume if resume else trainer.fit, (X, y_enc, sw), validation)
+        except ort_train_core.ConvergenceError:
+            # the trainer rolled back to its last finite state: the fitted attributes and the
+            # predictions follow it, as a pickled copy or to_onnx() would
+            self._store_history(trainer, epochs_before)
+            raise
         if scoring is not None:
             self._end_early_stopping(trainer, scoring)
         self._store_history(trainer, epochs_before, scoring)
-        if first:
+        if first or (restart and self._t_restarts):
             self.t_ = self._t_start
         n_total = _n_rows(X) + (0 if validation is None else _n_rows(validation[0]))
         # samples seen (MLP: training rows) or updates (SGD: every row of X, as scikit-learn)
@@ -540,6 +580,13 @@ class OrtEstimatorMixin(BaseEstimator):
         k = len(features)
         X, X_val = (tuple(train[:k]), tuple(test[:k])) if isinstance(X, tuple) else (train[0], test[0])
         y_enc, y_val = train[k], test[k]
+        if len(y_val) < 2:
+            # scikit-learn's MLP rule: a validation score (R2 above all) needs two rows
+            raise ValueError(
+                f"The validation set is too small: validation_fraction={self.validation_fraction} "
+                f"of {len(y_enc) + len(y_val)} samples leaves {len(y_val)}. Increase "
+                "'validation_fraction' or the size of your dataset, or set early_stopping=False."
+            )
         sw, sw_val = (train[k + 1], test[k + 1]) if sw is not None else (None, None)
         return (X, y_enc, sw), (X_val, y_val, sw_val)
 
@@ -569,7 +616,10 @@ class OrtEstimatorMixin(BaseEstimator):
         # scikit-learn's n_iter_ counts the epochs of this call; loss_curve_ goes on over warm
         # starts and partial fits
         self.n_iter_ = int(trainer.n_iter_) - epochs_before
-        self.loss_curve_ = [float(v) / self._report_scale for v in trainer.train_losses_]
+        self.loss_curve_ = [
+            *getattr(self, "_curve_before", []),
+            *(float(v) / self._report_scale for v in trainer.train_losses_),
+        ]
         if self.loss_curve_:
             self.loss_ = self.loss_curve_[-1]
         # with early stopping, scikit-learn's MLP sets best_loss_ to None and records the
@@ -578,10 +628,45 @@ class OrtEstimatorMixin(BaseEstimator):
         self.best_loss_: float | None
         if self.validation_scores_ is None:
             self.best_loss_ = min(self.loss_curve_) if self.loss_curve_ else math.inf
+            self.best_validation_score_ = None
         else:
             self.best_loss_ = None
             self.best_validation_score_ = max(self.validation_scores_)
         self._sessions: dict[str, Any] = {}
+
+    def _shaping_params(self) -> dict[str, Any]:
+        """The parameters a trainer is built with: all but those read at each fit."""
+        params = self.get_params(deep=False)
+        return {k: v for k, v in params.items() if k not in _READ_AT_EACH_FIT}
+
+    def _built_with(self) -> dict[str, Any]:
+        """The shaping parameters the current trainer was built with (none known: rebuild)."""
+        return dict(getattr(self, "_trainer_params", {}))
+
+    def _check_warm_structure(self) -> None:
+        """Raises ValueError when the parameters ask for other weights than the fitted ones."""
+
+    def _remake_trainer(
+        self,
+        n_samples: int,
+        n_outputs: int,
+        rng: np.random.RandomState,
+        mean_weight: float,
+        keep_progress: bool,
+    ) -> None:
+        """A trainer with the current parameters from the fitted weights (as ``coef_`` holds
+        them); ``keep_progress``: with the old one's step counts and optimizer states."""
+        self._check_warm_structure()
+        old = self._trainer
+        names = list(old.get_state())
+        weights = initializer_values(self._trained_graph(), names)
+        self._curve_before = list(getattr(self, "loss_curve_", []))
+        progress = old._current_state() if keep_progress else None
+        self._trainer = self._make_trainer(
+            inputs_to_initializers(self._raw_model, weights), n_samples, n_outputs, rng, mean_weight
+        )
+        if progress is not None:
+            self._trainer._carry_progress(progress)
 
     def _make_trainer(
         self,
@@ -614,6 +699,7 @@ class OrtEstimatorMixin(BaseEstimator):
             random_state=int(rng.randint(2**31 - 1)),
             n_iter_no_change=self.n_iter_no_change,
         )
+        self._trainer_params = self._shaping_params()
         reduction = "row_mean" if self._rows_weighted else "mean"
         if self.training == "full":
             penalty = {w: {"l1": l1, "l2": l2} for w in penalized} if (l1 or l2) else None

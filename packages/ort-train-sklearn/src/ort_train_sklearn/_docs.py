@@ -39,7 +39,13 @@ SHARED_ENTRIES: dict[str, Entry] = {
         "the SGD estimators those of the last, as scikit-learn's.",
     ),
     "validation_fraction": ("float", "The share of the rows set aside with ``early_stopping``, in (0, 1)."),
-    "warm_start": ("bool", "Whether :meth:`fit` continues from the current weights and optimizer state."),
+    "warm_start": (
+        "bool",
+        "Whether :meth:`fit` starts from the fitted weights (as ``coef_`` / ``coefs_`` hold\n"
+        "them) instead of new ones. As in scikit-learn, each fit reads the parameters as they\n"
+        "are then and starts a new optimisation: the SGD schedule from ``t_ = 1``, the MLP\n"
+        "optimizer's state (momentum, Adam's moments) from zero; ``loss_curve_`` goes on.",
+    ),
     "verbose": ("int", "0: silent; 1: a progress bar; 2: one line per epoch."),
     "device": ("str", "Where onnxruntime trains: ``'cpu'``, ``'cuda'`` or ``'cuda:N'``."),
     "training": (
@@ -75,8 +81,8 @@ SHARED_ENTRIES: dict[str, Entry] = {
         "rule monitors; None otherwise.",
     ),
     "best_validation_score_": (
-        "float",
-        "The largest value of ``validation_scores_`` (set with ``early_stopping`` only).",
+        "float or None",
+        "The largest value of ``validation_scores_``; None without ``early_stopping``.",
     ),
     "loss_": ("float", "The last value of ``loss_curve_`` (the last epoch's training objective)."),
     "t_": (

@@ -138,7 +138,8 @@ class _OrtSGDBase(OrtEstimatorMixin):
     _rows_weighted = True
     # its early stopping keeps the last epoch's weights; t_ counts updates from 1
     _keeps_best_epoch = False
-    _t_start = 1
+    _t_start = 1.0  # a float, as scikit-learn's
+    _t_restarts = True
     _parameter_constraints: dict[str, list[Any]] = {
         **_COMMON_CONSTRAINTS,
         "penalty": [StrOptions({"l2", "l1", "elasticnet"}), None],

@@ -115,6 +115,16 @@ class _OrtMLPBase(OrtEstimatorMixin):
             intercepts.append(rng.uniform(-bound, bound, fan_out))
         return dense_graph(coefs, intercepts, self.activation)
 
+    def _check_warm_structure(self) -> None:
+        fitted = [self.coefs_[0].shape[0], *(c.shape[1] for c in self.coefs_)]
+        wanted = self._layer_sizes(fitted[0], fitted[-1])
+        if wanted != fitted:
+            raise ValueError(
+                f"warm_start=True and partial_fit continue from the fitted weights, whose hidden "
+                f"layers are {tuple(fitted[1:-1])}, not hidden_layer_sizes={self.hidden_layer_sizes!r}: "
+                "set warm_start=False (or fit a new estimator) to start from new weights"
+            )
+
     def _n_layers(self) -> int:
         return len(self._layer_sizes(1, 1)) - 1
 
@@ -132,6 +142,12 @@ class _OrtMLPBase(OrtEstimatorMixin):
     def _batch_size(self, n_samples: int) -> int:
         if self.batch_size == "auto":
             return min(200, n_samples)
+        if int(self.batch_size) > n_samples and self.solver != "lbfgs":
+            warnings.warn(
+                "Got `batch_size` less than 1 or larger than sample size. It is going to be clipped",
+                UserWarning,
+                stacklevel=5,
+            )
         return min(int(self.batch_size), n_samples)
 
     def _learning_rate(self, scale: float) -> BaseLearningRate:
