@@ -13,7 +13,7 @@ import os
 import re
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import onnx
@@ -168,10 +168,10 @@ def _load(model_onnx: Any) -> ModelProto:
     )
 
 
-def _attribute_names(onnx_names: Sequence[str]) -> list[str]:
+def _attribute_names(onnx_names: Sequence[str], reserved: set[str]) -> list[str]:
     """Valid, distinct Python identifiers for parameter attributes (ONNX allows '.', '/', ':'),
-    none shadowing an attribute of ``nn.Module``."""
-    taken = set(dir(nn.Module))
+    none in ``reserved`` (the names the module already uses)."""
+    taken = set(reserved)
     out = []
     for name in onnx_names:
         base = re.sub(r"\W", "_", name) or "weight"
@@ -257,17 +257,23 @@ class OnnxModule(nn.Module):
 
     The float initializers the outputs depend on with a gradient (or ``weights_to_train``)
     become ``nn.Parameter``s: not a threshold a comparison reads, nor a BatchNormalization's
-    running statistics, which stay constants of the graph. As torch's BatchNorm, the training
-    forward normalises with the batch's statistics and eval() with the running ones; unlike
-    it, the running statistics are not updated. The attribute names are the ONNX names made
-    valid Python identifiers (``onnx_names`` maps them back). ``forward(*tensors)`` takes the
-    graph's inputs in order and returns its output, or a tuple when the graph has several.
+    running statistics, which are buffers (``onnx_buffer_names``). As torch's BatchNorm, a
+    forward in ``train()`` mode normalises with the batch's statistics and updates the running
+    ones, whatever the grad mode; ``eval()`` normalises with the running ones. The attribute
+    names are the ONNX names made valid Python identifiers, renamed (``forward_1``,
+    ``training_1``) where ``nn.Module`` or this class already uses the name (``onnx_names``
+    maps them back). ``forward(*tensors)`` takes the graph's inputs in order and returns its
+    output, or a tuple when the graph has several.
 
-    With gradients enabled, in training mode, and some input or parameter requiring one, the
-    forward keeps onnxruntime's state for the backward, which returns gradients for the inputs
-    that require them and for the parameters. Otherwise (``eval()``, ``torch.no_grad()``) an
-    inference session runs and nothing is kept. One forward/backward graph is built per device
-    and per set of inputs requiring a gradient, on first use.
+    In ``train()`` mode the forward is the training forward (batch statistics, running
+    statistics updated, dropout active). With gradients enabled and some input or parameter
+    requiring one, it also keeps onnxruntime's state for the backward, which returns gradients
+    for the inputs that require them and for the parameters; otherwise (``torch.no_grad()``,
+    everything frozen) nothing is kept. In ``eval()`` mode an inference session runs and
+    nothing is kept. One forward/backward graph is built per device and per set of inputs
+    requiring a gradient, on first use. The graph fixes the dtypes: ``.to(device)`` moves the
+    module, but a forward after ``.double()`` or ``.half()`` on a float32 graph raises a
+    ``TypeError`` (``.float()`` undoes it).
 
     Parameters
     ----------
@@ -299,12 +305,32 @@ class OnnxModule(nn.Module):
         A malformed model, an unknown weight name, a ``model_onnx`` of another type.
     """
 
+    #: the instance attributes this class sets besides nn.Module's: a parameter may not take
+    #: their names (nn.Module refuses it, or the parameter would hide the attribute)
+    _INSTANCE_ATTRIBUTES: ClassVar[frozenset[str]] = frozenset(
+        {
+            "_model",
+            "input_names",
+            "output_names",
+            "_input_dtypes",
+            "_input_shapes",
+            "onnx_names",
+            "onnx_buffer_names",
+            "_onnx_dtypes",
+            "_graphs",
+            "_weight_values",
+        }
+    )
+
     def __init__(
         self,
         model_onnx: ModelProto | bytes | str | os.PathLike[str],
         weights_to_train: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
+        # the names in use: the class's attributes and methods (a subclass's too), and the
+        # instance attributes nn.Module.__init__ just set (whatever this torch version sets)
+        reserved = {*dir(type(self)), *vars(self), *self._INSTANCE_ATTRIBUTES}
         model = normalise_model(_load(model_onnx))
         # built on CPU with no input gradient: checks the graph and the weights now, not at the
         # first forward; it also serves that common case later
@@ -325,7 +351,7 @@ class OnnxModule(nn.Module):
             _TORCH_DTYPES.get(graph_inputs[n].type.tensor_type.elem_type) for n in self.input_names
         ]
         self._input_shapes = [_declared_shape(graph_inputs[n]) for n in self.input_names]
-        attrs = _attribute_names([*weights, *probe.statistics])
+        attrs = _attribute_names([*weights, *probe.statistics], reserved)
         self.onnx_names: dict[str, str] = dict(zip(attrs, weights))
         #: BatchNormalization's running statistics: torch buffers, updated by training forwards
         self.onnx_buffer_names: dict[str, str] = dict(zip(attrs[len(weights) :], probe.statistics))
@@ -344,6 +370,11 @@ class OnnxModule(nn.Module):
             self.register_parameter(attr, nn.Parameter(torch.from_numpy(np.array(values[name], copy=True))))
         for attr, name in self.onnx_buffer_names.items():
             self.register_buffer(attr, torch.from_numpy(probe.get_statistics()[name]))
+        #: the dtype the graph computes each parameter and buffer in: ``.double()`` converts
+        #: the tensors but not the graph, which onnxruntime would refuse in C++ terms
+        self._onnx_dtypes: dict[str, torch.dtype] = {
+            attr: t.dtype for attr, t in [*self._parameters.items(), *self._buffers.items()] if t is not None
+        }
         self._graphs: dict[tuple[str, tuple[str, ...]], OrtGradientForwardBackward] = {("cpu", ()): probe}
         self._weight_values: dict[str, tuple[tuple[Any, ...], Any]] = {}
 
@@ -383,6 +414,7 @@ class OnnxModule(nn.Module):
         """The parameters in ONNX order, read from ``_parameters``: nn.Module.__getattr__ would
         add a noticeable share of a small step's overhead per parameter."""
         parameters = self._parameters
+        dtypes = getattr(self, "_onnx_dtypes", None)  # None: unpickled from an older version
         params: list[nn.Parameter] = []
         for attr, name in self.onnx_names.items():
             p = parameters[attr]
@@ -390,6 +422,8 @@ class OnnxModule(nn.Module):
                 raise RuntimeError(
                     f"OnnxModule: parameter {attr!r} ({name!r}) was set to None; the graph needs it"
                 )
+            if dtypes is not None and p.dtype != dtypes[attr]:
+                raise _dtype_error("parameter", attr, name, p.dtype, dtypes[attr])
             params.append(p)
         return params
 
@@ -409,10 +443,18 @@ class OnnxModule(nn.Module):
 
     def _buffer_values(self) -> tuple[list[torch.Tensor], list[Any]]:
         """The running statistics (buffers, in ONNX order) and OrtValues over their memory."""
-        buffers = [self._buffers[attr] for attr in getattr(self, "onnx_buffer_names", {})]
-        if any(b is None for b in buffers):
-            raise RuntimeError("OnnxModule: a running-statistics buffer was set to None; the graph needs it")
-        tensors = [b for b in buffers if b is not None]
+        names: dict[str, str] = getattr(self, "onnx_buffer_names", {})
+        dtypes = getattr(self, "_onnx_dtypes", None)  # None: unpickled from an older version
+        tensors: list[torch.Tensor] = []
+        for attr, name in names.items():
+            b = self._buffers[attr]
+            if b is None:
+                raise RuntimeError(
+                    "OnnxModule: a running-statistics buffer was set to None; the graph needs it"
+                )
+            if dtypes is not None and b.dtype != dtypes[attr]:
+                raise _dtype_error("buffer", attr, name, b.dtype, dtypes[attr])
+            tensors.append(b)
         return tensors, [ortvalue_from_tensor(b) for b in tensors]
 
     def _check_inputs(self, inputs: Sequence[Any], device: torch.device) -> None:
@@ -462,59 +504,82 @@ class OnnxModule(nn.Module):
         Raises
         ------
         TypeError
-            Not as many tensors as inputs, or a tensor of another dtype.
+            Not as many tensors as inputs, or a tensor of another dtype; a parameter or buffer
+            converted to a dtype the graph does not compute in (``.double()``).
         ValueError
-            A tensor on another device or of another shape; an empty batch in training.
+            A tensor on another device or of another shape; an empty batch in training with a
+            gradient to compute.
         """
+        # the parameters' and buffers' dtypes first: after .double() an input of the graph's
+        # dtype is right and the module is what to convert back
         params = self._params()
+        buffers, buffer_values = self._buffer_values()
         device = params[0].device if params else (inputs[0].device if inputs else torch.device("cpu"))
         self._check_inputs(inputs, device)
-        needs_grad = tuple([t.requires_grad and t.is_floating_point() for t in inputs])
-        training = (
-            torch.is_grad_enabled()
-            and self.training
-            and (True in needs_grad or True in [p.requires_grad for p in params])
-        )
-        if training:
-            for k, t in enumerate(inputs):
-                if t.numel() == 0:  # its backward would fail in onnxruntime's gradient kernels
-                    raise ValueError(
-                        f"input {k} ({self.input_names[k]!r}) is empty (shape {tuple(t.shape)}): onnxruntime "
-                        "cannot differentiate an empty batch; skip it, or run it in eval() mode or "
-                        "under torch.no_grad()"
-                    )
-            requiring = tuple([n for n, needed in zip(self.input_names, needs_grad) if needed])
-            fb = self._forward_backward(device, requiring)
-            buffers, buffer_values = self._buffer_values()
-            outputs: tuple[torch.Tensor, ...] = _OnnxFunction.apply(  # type: ignore[no-untyped-call]
-                fb, needs_grad, [*buffer_values, *self._parameter_values(params)], *inputs, *params
+        if self.training:
+            # as torch's train(): the training forward (batch statistics, running statistics
+            # updated, dropout) whatever the grad mode; only the backward's state is optional
+            needs_grad = tuple([t.requires_grad and t.is_floating_point() for t in inputs])
+            with_grad = torch.is_grad_enabled() and (
+                True in needs_grad or True in [p.requires_grad for p in params]
             )
-            if buffers:  # the updated running statistics follow the outputs, as in torch's train()
-                n = len(self.output_names)
+            if with_grad:
+                for k, t in enumerate(inputs):
+                    if t.numel() == 0:  # its backward would fail in onnxruntime's gradient kernels
+                        raise ValueError(
+                            f"input {k} ({self.input_names[k]!r}) is empty (shape {tuple(t.shape)}): "
+                            "onnxruntime cannot differentiate an empty batch; skip it, or run it in "
+                            "eval() mode or under torch.no_grad()"
+                        )
+            requiring = (
+                tuple([n for n, needed in zip(self.input_names, needs_grad) if needed]) if with_grad else ()
+            )
+            fb = self._forward_backward(device, requiring)
+            values = [*buffer_values, *self._parameter_values(params)]
+            outputs: tuple[torch.Tensor, ...]
+            if with_grad:
+                outputs = _OnnxFunction.apply(  # type: ignore[no-untyped-call]
+                    fb, needs_grad, values, *inputs, *params
+                )
+            else:
+                # nothing to differentiate: the same forward outside autograd, its state for a
+                # backward dropped at once
+                wait_for_torch(device)
+                feeds = [ortvalue_from_tensor(t) for t in inputs]
+                feeds.extend(values)
+                out, _ = fb.run_forward(feeds, [])
+                outputs = tuple(tensors_from_ortvalues(out))
+            n = len(self.output_names)
+            # the updated running statistics follow the outputs, as in torch's train(); an
+            # empty batch (possible without a gradient) has no statistics: torch keeps the
+            # running ones, where the graph's would be garbage
+            if buffers and 0 not in [t.numel() for t in inputs]:
                 with torch.no_grad():
                     for buffer, new in zip(buffers, outputs[n:]):
                         buffer.copy_(new)
-                outputs = outputs[:n]
+            outputs = outputs[:n]
         else:
             fb = self._forward_backward(device, ())
             wait_for_torch(device)
             feeds = [ortvalue_from_tensor(t) for t in inputs]
-            weights, statistics = self._parameter_values(params), self._buffer_values()[1]
-            results = fb.forward(feeds, training=False, weights=weights, statistics=statistics)
+            weights = self._parameter_values(params)
+            results = fb.forward(feeds, training=False, weights=weights, statistics=buffer_values)
             outputs = tuple(tensor_from_ortvalue(o) for o in results)
         return outputs[0] if len(outputs) == 1 else outputs
 
     # ---- export -----------------------------------------------------------------------------
     def to_onnx(self) -> ModelProto:
         """The graph with the current parameter values and running statistics as its
-        initializers, BatchNormalization normalising with the running statistics (as torch's
-        ``eval()``).
+        initializers, in inference form as torch's ``eval()``: BatchNormalization normalising
+        with the running statistics, a training-mode Dropout the identity.
 
         Returns
         -------
         onnx.ModelProto
             A new model.
         """
+        self._params()  # a float64 value in a float32 graph would make an invalid model
+        self._buffer_values()
         names = {**self.onnx_names, **getattr(self, "onnx_buffer_names", {})}
         values = {name: getattr(self, attr).detach().cpu().numpy() for attr, name in names.items()}
         model: ModelProto = inference_form(inputs_to_initializers(self._model, values))
@@ -529,6 +594,42 @@ class OnnxModule(nn.Module):
             The ``.onnx`` file to write.
         """
         onnx.save(self.to_onnx(), os.fspath(path))
+
+
+#: the module method that converts a module's floating tensors to the dtype
+_DTYPE_METHODS = {
+    torch.float32: "float",
+    torch.float64: "double",
+    torch.float16: "half",
+    torch.bfloat16: "bfloat16",
+}
+
+
+def _dtype_error(kind: str, attr: str, name: str, dtype: torch.dtype, expected: torch.dtype) -> TypeError:
+    """The error for a parameter or buffer converted away from the dtype the graph computes in.
+
+    Parameters
+    ----------
+    kind : str
+        ``'parameter'`` or ``'buffer'``.
+    attr, name : str
+        Its attribute name and its ONNX name.
+    dtype, expected : torch.dtype
+        Its dtype and the graph's.
+
+    Returns
+    -------
+    TypeError
+        The error to raise, naming the fix.
+    """
+    method = _DTYPE_METHODS.get(expected)
+    fix = f"module.{method}()" if method else f"module.to({expected})"
+    graph_dtype, new_dtype = str(expected).removeprefix("torch."), str(dtype).removeprefix("torch.")
+    return TypeError(
+        f"OnnxModule: {kind} {attr!r} ({name!r}) is {dtype} but the ONNX graph computes it in "
+        f"{graph_dtype}: OnnxModule cannot change the graph's dtype; call {fix} (or convert the "
+        f"ONNX graph to {new_dtype} before wrapping it)"
+    )
 
 
 def _declared_shape(value_info: onnx.ValueInfoProto) -> tuple[int | None, ...] | None:
