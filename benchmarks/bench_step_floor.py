@@ -15,6 +15,11 @@ synthetic), hinge loss, l2 penalty, batches of 16 rows. Routes, each timed per s
 - ``scikit-learn``: ``SGDClassifier``'s fit time per 16 rows (its per-sample steps), from fits
   of 1 and 21 epochs.
 
+And what any onnxruntime run pays whatever its arithmetic: chains of 1 to 64 ``Add`` nodes on 30
+floats, one ``run_with_iobinding`` each, give the fixed cost of a run and the cost of each
+operator (a least-squares line through the chain lengths). With those, the rows per step at which
+our step costs what scikit-learn pays for the same rows.
+
 Run: ``python benchmarks/bench_step_floor.py [--quick] [--out benchmarks/results]``; it writes
 ``<host>-<date>-step-floor[-quick].{json,md}``.
 """
@@ -182,6 +187,39 @@ def hand_written(X: np.ndarray, y: np.ndarray, repeats: int) -> dict[str, float]
     }
 
 
+#: the chain lengths of the operator-cost measurement
+CHAIN_LENGTHS = (1, 4, 16, 64)
+
+
+def operator_cost(repeats: int) -> dict[str, float]:
+    """Seconds of one onnxruntime run's fixed cost and of each further tiny operator."""
+    import onnxruntime
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    runs = 200
+    seconds = []
+    for n in CHAIN_LENGTHS:
+        nodes = [h.make_node("Add", [f"x{i}", "c"], [f"x{i + 1}"]) for i in range(n)]
+        vi = lambda name: h.make_tensor_value_info(name, T.FLOAT, [FEATURES, 1])  # noqa: E731
+        graph = h.make_graph(
+            nodes, "chain", [vi("x0")], [vi(f"x{n}")], initializer=[h.make_tensor("c", T.FLOAT, [1], [1.0])]
+        )
+        session = _session(graph)
+        binding = session.io_binding()
+        zeros = np.zeros((FEATURES, 1), np.float32)
+        binding.bind_ortvalue_input("x0", onnxruntime.OrtValue.ortvalue_from_numpy(zeros))
+        binding.bind_ortvalue_output(f"x{n}", onnxruntime.OrtValue.ortvalue_from_numpy(zeros.copy()))
+
+        def many(session: Any = session, binding: Any = binding) -> None:
+            for _ in range(runs):
+                session.run_with_iobinding(binding)
+
+        seconds.append(_best(many, repeats) / runs)
+    per_node, fixed = np.polyfit(np.array(CHAIN_LENGTHS, float), np.array(seconds), 1)
+    return {"fixed cost of a run": float(fixed), "each operator": float(per_node)}
+
+
 def ours(X: np.ndarray, y: np.ndarray, repeats: int) -> float:
     """Seconds per step of the fit loop's marginal step (fits of 21 and 1 epochs)."""
     from onnx import TensorProto as T
@@ -238,6 +276,7 @@ def run(quick: bool) -> dict[str, Any]:
             per_step = {"ours (fit loop, fused step with loss)": ours(X, y, repeats)}
             per_step.update(hand_written(X, y, repeats))
             per_step["scikit-learn (16 per-sample steps)"] = sklearn(X, y, repeats)
+            per_run = operator_cost(repeats)
     finally:
         undo()
     return {
@@ -245,6 +284,11 @@ def run(quick: bool) -> dict[str, Any]:
         "config": {"quick": quick, "rows": ROWS, "features": FEATURES, "batch": BATCH, "threads": 1},
         "machine": common.machine_info(),
         "per_step_s": per_step,
+        "per_run_s": per_run,
+        # the batch at which a step of ours (its cost grows little with the rows at this size)
+        # costs what scikit-learn pays for as many rows
+        "break_even_rows": per_step["ours (fit loop, fused step with loss)"]
+        / (per_step["scikit-learn (16 per-sample steps)"] / BATCH),
     }
 
 
@@ -256,6 +300,15 @@ def markdown_lines(report: dict[str, Any]) -> list[str]:
         f"{c['batch']}, one thread)",
         "",
         *common.markdown_table(["route", "us per step"], rows, ["l", "r"]),
+        "",
+        f"Rows per step at which our step costs what scikit-learn pays for them: "
+        f"{report['break_even_rows']:.0f}.",
+        "",
+        "### What an onnxruntime run costs whatever its arithmetic (chains of tiny Add nodes, one thread)",
+        "",
+        *common.markdown_table(
+            ["part", "us"], [[k, f"{v * 1e6:.2f}"] for k, v in report["per_run_s"].items()], ["l", "r"]
+        ),
     ]
 
 
