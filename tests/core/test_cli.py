@@ -201,6 +201,10 @@ def test_bad_input_exits_2_without_traceback(files, tmp_path, capsys):
         "zero lr": [*base, "--lr", "0"],
         "unknown loss": [*base, "--loss", "hinge"],
         "resume without checkpoint": [*base, "--resume"],
+        "checkpoint-every without checkpoint": [*base, "--checkpoint-every", "2"],
+        "momentum without nesterov": [*base, "--momentum", "0.5"],
+        "tol without early stopping": [*base, "--tol", "0.01"],
+        "patience without early stopping": [*base, "--optimizer", "adam", "--patience", "3"],
         "bad data suffix": [*base[:3], d / "lin.onnx", *base[4:]],
         "missing eval data": ["eval", d / "lin.onnx", "--data", tmp_path / "x.csv", "--target", "t"],
     }
@@ -212,6 +216,8 @@ def test_bad_input_exits_2_without_traceback(files, tmp_path, capsys):
     assert not (tmp_path / "o.onnx").exists()
     _, _, err = _run(capsys, *[*base[:5], "label", *base[6:]])
     assert "no column 'label'" in err
+    _, _, err = _run(capsys, *base, "--momentum", "0.5")
+    assert "--momentum acts only with --optimizer nesterov" in err
 
 
 def test_cuda_that_cannot_run_exits_2_with_the_fix(files, tmp_path, capsys, monkeypatch):

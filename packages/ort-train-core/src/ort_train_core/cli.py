@@ -144,7 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--lr", type=_positive_float, default=None, help="learning rate (default 0.01; 0.001 for adam)"
     )
-    p.add_argument("--momentum", type=float, default=0.9, help="momentum of nesterov (default 0.9)")
+    p.add_argument(
+        "--momentum", type=float, default=None, help="with --optimizer nesterov: its momentum (default 0.9)"
+    )
     p.add_argument("--epochs", type=_positive_int, default=100, help="epochs in all (default 100)")
     p.add_argument("--batch-size", type=_positive_int, default=10, help="rows per step (default 10)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
@@ -159,8 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="stop when the (validation) loss has not improved by --tol for --patience epochs",
     )
-    p.add_argument("--tol", type=float, default=1e-4, help="early-stopping tolerance (default 1e-4)")
-    p.add_argument("--patience", type=_positive_int, default=5, help="early-stopping epochs (default 5)")
+    p.add_argument(
+        "--tol", type=float, default=None, help="with --early-stopping: its tolerance (default 1e-4)"
+    )
+    p.add_argument(
+        "--patience", type=_positive_int, default=None, help="with --early-stopping: its epochs (default 5)"
+    )
     p.add_argument(
         "--shuffle", action=argparse.BooleanOptionalAction, default=True, help="shuffle each epoch"
     )
@@ -175,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--checkpoint-every",
         type=_positive_int,
-        default=1,
+        default=None,
         metavar="K",
         help="with --checkpoint: every K epochs instead (and at the end, and on Ctrl-C)",
     )
@@ -520,14 +526,28 @@ def _print_export_findings(model: ModelProto, output: str, weights: list[str]) -
         print(f"warning: {note}")
 
 
+def _check_option_needs(args: argparse.Namespace) -> None:
+    """Options that only act with another one are refused without it (else silently ignored)."""
+    needs = [
+        ("--momentum", args.momentum, args.optimizer == "nesterov", "--optimizer nesterov"),
+        ("--tol", args.tol, args.early_stopping, "--early-stopping"),
+        ("--patience", args.patience, args.early_stopping, "--early-stopping"),
+        ("--checkpoint-every", args.checkpoint_every, args.checkpoint is not None, "--checkpoint DIR"),
+    ]
+    for option, value, present, needed in needs:
+        if value is not None and not present:
+            raise _UsageError(f"{option} acts only with {needed}: add it, or leave {option} out")
+
+
 def _learning_rate(args: argparse.Namespace) -> BaseLearningRate:
     if args.optimizer == "adam":
         return LearningRateAdam(eta0=args.lr if args.lr is not None else 0.001)
     eta = args.lr if args.lr is not None else 0.01
     if args.optimizer == "nesterov":
-        if not 0 <= args.momentum < 1:
-            raise _UsageError(f"--momentum must be in [0, 1), got {args.momentum}")
-        return LearningRateSGDNesterov(eta0=eta, learning_rate="constant", momentum=args.momentum)
+        momentum = 0.9 if args.momentum is None else args.momentum
+        if not 0 <= momentum < 1:
+            raise _UsageError(f"--momentum must be in [0, 1), got {momentum}")
+        return LearningRateSGDNesterov(eta0=eta, learning_rate="constant", momentum=momentum)
     return LearningRateSGD(eta0=eta, learning_rate="constant")
 
 
@@ -612,6 +632,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     """
     if args.resume and args.checkpoint is None:
         raise _UsageError("--resume continues from --checkpoint DIR: give the folder")
+    _check_option_needs(args)
     # found now, not after the whole fit (whose weights would be lost without --checkpoint)
     _check_output(args.out, "--out", folder=False)
     if args.checkpoint is not None:
@@ -653,10 +674,10 @@ def _fit_trainer(args: argparse.Namespace, loss_model: ModelProto) -> OrtGradien
         verbose=0 if args.quiet else 1,
         shuffle=args.shuffle,
         random_state=args.seed,
-        tol=args.tol if args.early_stopping else None,
-        n_iter_no_change=args.patience,
+        tol=(1e-4 if args.tol is None else args.tol) if args.early_stopping else None,
+        n_iter_no_change=5 if args.patience is None else args.patience,
         checkpoint_dir=args.checkpoint,
-        checkpoint_every=args.checkpoint_every,
+        checkpoint_every=1 if args.checkpoint_every is None else args.checkpoint_every,
     )
 
 
