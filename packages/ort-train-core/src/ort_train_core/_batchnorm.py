@@ -529,5 +529,5 @@ def single_row_forward_error(bad: Sequence[str], shapes: Mapping[str, Sequence[i
         f"a training forward of {fed}: BatchNormalization in training mode needs more than 1 value "
         f"per channel, and node {', '.join(bad)} would normalise a single one ({_TORCH_REFUSES}; "
         "onnxruntime would write a negative running variance); feed 2 rows or more, or run this "
-        "batch in inference (forward(..., training=False), OnnxModule.eval() or torch.no_grad())"
+        "batch in inference (forward(..., training=False) or OnnxModule.eval())"
     )
