@@ -813,6 +813,7 @@ def test_early_stopping_needs_two_validation_rows(estimator_class: type) -> None
             reference.fit(X[:10], y[:10])
 
 
+@_ignore_convergence
 @pytest.mark.parametrize("estimator_class", [OrtMLPRegressor, OrtMLPClassifier])
 def test_mlp_batch_larger_than_the_data_warns_like_sklearn(estimator_class: type) -> None:
     X, y = _data(estimator_class, None)
