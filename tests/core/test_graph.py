@@ -535,3 +535,46 @@ def test_mlp_regressor_export_trains_with_default_weights(mlp_data):
     np.testing.assert_allclose(
         pred, hidden @ state["coefficient1"] + state["intercepts1"], rtol=1e-5, atol=1e-5
     )
+
+
+def test_default_penalized_weights_leave_out_biases_stored_as_rows():
+    """Rank >= 2, except a bias row (1, ..., 1, K) that only Add/Sub read (skl2onnx's
+    intercepts); a (1, 1) matrix a MatMul reads, a (1, T, D) table added and a row also
+    multiplied stay penalised."""
+    from onnx import TensorProto
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    from ort_train_core.graph import default_penalized_weights
+
+    def init(name: str, shape: tuple[int, ...]) -> onnx.TensorProto:
+        return nh.from_array(np.ones(shape, np.float32), name)
+
+    nodes = [
+        h.make_node("MatMul", ["X", "coef"], ["z"]),
+        h.make_node("Add", ["z", "bias_row"], ["z1"]),
+        h.make_node("MatMul", ["z1", "one_by_one"], ["z2"]),
+        h.make_node("Add", ["z2", "bias_vector"], ["z3"]),
+        h.make_node("Mul", ["z3", "scale_row"], ["z4"]),
+        h.make_node("Add", ["z4", "scale_row"], ["z5"]),
+        h.make_node("Unsqueeze", ["z5", "axes"], ["z6"]),
+        h.make_node("Add", ["z6", "positions"], ["Y"]),
+    ]
+    graph = h.make_graph(
+        nodes,
+        "g",
+        [h.make_tensor_value_info("X", TensorProto.FLOAT, [5, 4])],
+        [h.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 5, 1])],
+        [
+            init("coef", (4, 1)),
+            init("bias_row", (1, 1)),
+            init("one_by_one", (1, 1)),
+            init("bias_vector", (1,)),
+            init("scale_row", (1, 1)),
+            init("positions", (1, 5, 1)),
+            nh.from_array(np.array([0], np.int64), "axes"),
+        ],
+    )
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    names = ["coef", "bias_row", "one_by_one", "bias_vector", "scale_row", "positions"]
+    assert default_penalized_weights(model, names) == ["coef", "one_by_one", "scale_row", "positions"]

@@ -116,3 +116,20 @@ def test_pickle_continues_identically(diabetes):
     copy.fit(X[200:], y[200:])
     np.testing.assert_allclose(copy.predict(X), model.predict(X), rtol=1e-6)
     assert model.loss_curve_[-1] < model.loss_curve_[0]
+
+
+def test_alpha_penalises_the_coefficients_not_the_intercepts(iris):
+    """skl2onnx writes LogisticRegression's intercept as a (1, K) row: a bias all the same, which
+    alpha leaves alone as scikit-learn does; the coefficients' step gains -lr 2 alpha W."""
+    X, y = iris
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        fitted = LogisticRegression(max_iter=300).fit(X, y)
+    kw = dict(learning_rate_init=0.1, max_iter=1, batch_size=len(X), shuffle=False)
+    plain = OnnxModelClassifier(fitted, alpha=0.0, **kw).fit(X, y)
+    penalised = OnnxModelClassifier(fitted, alpha=1.0, **kw).fit(X, y)
+    intercepts = penalised.weights_["intercept"], plain.weights_["intercept"]
+    np.testing.assert_allclose(*intercepts, rtol=0, atol=1e-7)
+    np.testing.assert_allclose(
+        penalised.weights_["coef"] - plain.weights_["coef"], -0.1 * 2 * fitted.coef_.T, rtol=1e-4, atol=1e-6
+    )

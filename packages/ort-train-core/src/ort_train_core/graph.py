@@ -647,7 +647,9 @@ def default_weights_to_train(
 
 def default_penalized_weights(model: ModelProto, weights: Iterable[str]) -> list[str]:
     """The weights a penalty applies to by default: those of rank >= 2 (matrices, kernels), not
-    the biases and scales.
+    the biases and scales. A bias stored as a row, shape ``(1, ..., 1, K)`` and read only by
+    ``Add`` or ``Sub`` (skl2onnx writes the intercepts of ``LogisticRegression`` and of the MLPs
+    so), is a bias too.
 
     Parameters
     ----------
@@ -659,10 +661,20 @@ def default_penalized_weights(model: ModelProto, weights: Iterable[str]) -> list
     Returns
     -------
     list of str
-        Those of ``weights`` that are initializers of rank 2 or more, in the order given.
+        Those of ``weights`` that are initializers of rank 2 or more and no bias row, in the
+        order given.
     """
-    ranks = {i.name: len(i.dims) for i in model.graph.initializer}
-    return [w for w in weights if ranks.get(w, 0) >= 2]
+    shapes = {i.name: tuple(i.dims) for i in model.graph.initializer}
+    readers: dict[str, set[str]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, set()).add(node.op_type)
+
+    def bias_row(name: str) -> bool:
+        shape = shapes[name]
+        return all(d == 1 for d in shape[:-1]) and bool(readers.get(name)) and readers[name] <= {"Add", "Sub"}
+
+    return [w for w in weights if len(shapes.get(w, ())) >= 2 and not bias_row(w)]
 
 
 def check_weights(

@@ -42,7 +42,11 @@ _ONNX_MODEL_ENTRIES: dict[str, Entry] = {
         "list of str or None",
         "The initializers to train; None: every float initializer the output depends on.",
     ),
-    "alpha": ("float", "An l2 penalty ``alpha * sum(W ** 2)`` on the trained weight matrices (rank >= 2)."),
+    "alpha": (
+        "float",
+        "An l2 penalty ``alpha * sum(W ** 2)`` on the trained weight matrices (rank >= 2), not on\n"
+        "the biases (skl2onnx's ``(1, K)`` intercept rows included).",
+    ),
     "solver": ("{'sgd', 'adam'}", "The optimizer: SGD (with ``momentum``) or Adam."),
     "learning_rate_init": ("float", "The learning rate (constant)."),
     "momentum": ("float", "The momentum of 'sgd', in [0, 1); 0 gives plain SGD."),
