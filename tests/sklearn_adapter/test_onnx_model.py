@@ -133,3 +133,21 @@ def test_alpha_penalises_the_coefficients_not_the_intercepts(iris):
     np.testing.assert_allclose(
         penalised.weights_["coef"] - plain.weights_["coef"], -0.1 * 2 * fitted.coef_.T, rtol=1e-4, atol=1e-6
     )
+
+
+def test_classes_in_another_order_than_the_models_are_refused(iris):
+    """classes= names the logit columns in order: the model's own labels permuted would swap its
+    predictions, from the fitted estimator and from its skl2onnx export alike; new names for
+    the columns are fine."""
+    X, y = iris
+    fitted = LogisticRegression(max_iter=300).fit(X, y)
+    exported = to_onnx(fitted, X[:1], target_opset=17, options={"zipmap": False})
+    exported.ir_version = min(exported.ir_version, 10)
+    kw = dict(learning_rate_init=1e-12, max_iter=1)
+    for model in (fitted, exported):
+        with pytest.raises(ValueError, match=r"classes=\[2, 1, 0\] lists .* in another order"):
+            OnnxModelClassifier(model, classes=[2, 1, 0], **kw).fit(X, y)
+    names = np.array(["setosa", "versicolor", "virginica"])
+    renamed = OnnxModelClassifier(exported, classes=names, **kw).fit(X, names[y])
+    np.testing.assert_array_equal(renamed.classes_, names)
+    np.testing.assert_array_equal(renamed.predict(X), names[fitted.predict(X)])

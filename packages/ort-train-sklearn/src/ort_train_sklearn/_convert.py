@@ -442,8 +442,17 @@ def _classifier_logits(
     """``work`` cut at the logits of the probabilities ``target`` (output renamed
     LOGITS_NAME), 'sigmoid' or 'softmax', and the class labels: ``classes``, else those
     ``model`` lists, else 0 to n_classes - 1."""
+    listed = _classes_from_graph(model)
     if classes is None:
-        classes = _classes_from_graph(model)
+        classes = listed
+    elif listed is not None and _is_reordering(classes, listed):
+        # renaming the labels is fine; the same labels in another order would swap the
+        # predictions of the columns
+        raise ValueError(
+            f"classes={classes.tolist()!r} lists the model's labels ({listed.tolist()!r}, one per "
+            "logit column) in another order, which would swap its predictions: pass them in the "
+            "model's order, or leave classes out"
+        )
     work, probability = _cut_at_logits(work, target, sample)
     n_cols = _output_shape(work, sample)[1]
     n_classes = 2 if n_cols == 1 else n_cols
@@ -455,6 +464,12 @@ def _classifier_logits(
             f"{len(classes)} class labels"
         )
     return _rename(work, work.graph.output[0].name, LOGITS_NAME), probability, classes
+
+
+def _is_reordering(classes: np.ndarray, listed: np.ndarray) -> bool:
+    """Whether ``classes`` holds the labels of ``listed`` in another order."""
+    given, own = np.asarray(classes).tolist(), np.asarray(listed).tolist()
+    return given != own and sorted(map(str, given)) == sorted(map(str, own))
 
 
 def _checked_classes(classes: Any) -> np.ndarray:

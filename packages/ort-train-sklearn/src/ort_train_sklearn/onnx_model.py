@@ -297,7 +297,9 @@ class OnnxModelClassifier(OrtClassifierMixin, ClassifierMixin, _OnnxModelBase):
     classes : array-like of shape (n_classes,), default=None
         The labels of the logit columns, in order (two for one binary logit column). None: the
         model's own labels (a skl2onnx classifier lists them), else 0 to K - 1. ``y`` may hold
-        only these labels.
+        only these labels. New names for a model's labels are taken; its own labels in another
+        order are refused (they would swap its predictions), as is a fitted estimator's
+        ``classes_`` in another order.
     %(weights_to_train)s
     loss : {'cross_entropy'}, default='cross_entropy'
         The cross-entropy of the logits.
@@ -390,6 +392,14 @@ class OnnxModelClassifier(OrtClassifierMixin, ClassifierMixin, _OnnxModelBase):
                     f"({own.tolist()!r}, one per logit column): pass those, or train a model on "
                     "these classes"
                 )
+        # the parameter names the logit columns in order (partial_fit's, as scikit-learn's, is a
+        # set): a fitted estimator's columns are its classes_, in their order
+        if self.classes is not None and np.asarray(self.classes).tolist() != own.tolist():
+            raise ValueError(
+                f"classes={np.asarray(self.classes).tolist()!r} lists the model's labels "
+                f"({own.tolist()!r}, one per logit column) in another order, which would swap its "
+                "predictions: pass them in the model's order, or leave classes out"
+            )
         return own
 
 
