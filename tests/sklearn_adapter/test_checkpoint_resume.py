@@ -49,3 +49,19 @@ def test_classifier_resume_without_checkpoint_is_a_fit_and_without_folder_refuse
     assert (tmp_path / "new" / "checkpoint.npz").exists()
     with pytest.raises(ValueError, match="checkpoint_dir"):
         OrtSGDClassifier(**params).resume(X, labels)
+
+
+@pytest.mark.parametrize("estimator_class", [OrtMLPRegressor, OrtSGDClassifier])
+def test_early_stopping_with_checkpoints_is_refused_before_training(tmp_path, estimator_class):
+    """The validation scores that decide the stop are not in the checkpoints: a resumed fit would
+    stop elsewhere than the uninterrupted one, so the pair is refused up front, folder untouched."""
+    X, y = load_diabetes(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    if estimator_class is OrtSGDClassifier:
+        y = (y > np.median(y)).astype(int)
+    est = estimator_class(early_stopping=True, checkpoint_dir=tmp_path / "ckpt", max_iter=3)
+    for call in (est.fit, est.resume):
+        with pytest.raises(ValueError, match="early_stopping with checkpoint_dir"):
+            call(X, y)
+    assert not (tmp_path / "ckpt").exists()
+    assert not hasattr(est, "n_iter_")

@@ -448,6 +448,13 @@ class OrtEstimatorMixin(BaseEstimator):
         first = not ((incremental or self.warm_start) and hasattr(self, "_trainer")) or resume
         if self._full_batch() and (self.checkpoint_dir is not None or resume):
             raise ValueError("checkpoint_dir and resume() need a stochastic solver ('sgd' or 'adam')")
+        if self.early_stopping and not incremental and (self.checkpoint_dir is not None or resume):
+            raise ValueError(
+                "early_stopping with checkpoint_dir: the validation scores, their count and the best "
+                "epoch's weights are not in the checkpoints, so resume() would not end where an "
+                "uninterrupted fit does; use one or the other (the core trainers' validation-loss "
+                "early stopping resumes exactly)"
+            )
         if first:
             self._start_fit(X, y)
         X, y_enc, sw, n_outputs = self._fit_arrays(X, y, sample_weight, first, classes)

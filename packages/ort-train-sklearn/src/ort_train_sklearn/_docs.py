@@ -56,7 +56,8 @@ SHARED_ENTRIES: dict[str, Entry] = {
     "checkpoint_dir": (
         "str, path or None",
         "A folder where :meth:`fit` writes its training state every ``checkpoint_every`` epochs,\n"
-        "at the end and on Ctrl-C; :meth:`resume` continues from there. None writes nothing.",
+        "at the end and on Ctrl-C; :meth:`resume` continues from there. None writes nothing.\n"
+        "Not with ``early_stopping`` (the validation scores are not in the checkpoints).",
     ),
     "checkpoint_every": ("int", "Epochs between two checkpoints."),
     "power_t": ("float", "The exponent of ``learning_rate='invscaling'``."),
