@@ -283,6 +283,14 @@ def test_resume_ends_at_the_uninterrupted_weights(files, tmp_path, capsys):
     assert code == 0, err
     assert "epochs: 5" in stdout
     _assert_same_weights(tmp_path / "straight.onnx", tmp_path / "b.onnx")
+    # another --lr cannot continue that optimizer state: named in the CLI's words
+    again = [0.5 if v == 0.01 else v for v in common]
+    code, _, err = _run(
+        capsys, "fit", *again, "--epochs", 6, "--checkpoint", ckpt, "--resume", "--out", tmp_path / "c.onnx"
+    )
+    assert code == 2
+    assert "optimizer state of --optimizer, --lr and --momentum other than this run's" in err
+    assert "warm_start" not in err
 
 
 def test_eval_classifier_logits(tmp_path, capsys):

@@ -238,6 +238,7 @@ def _never_fitted(trainer: OrtGradientOptimizer) -> bool:
         pytest.param(["coef", "shape"], r"weight 'shape' is a INT64 tensor; only float tensors", id="int64"),
         pytest.param(["coef", "coef"], r"duplicates", id="duplicate"),
         pytest.param("coef", r"list of names, not the string", id="string"),
+        pytest.param([], r"weights_to_train is empty: a trainer needs a weight to train", id="empty"),
     ],
 )
 def test_bad_weights_to_train(make_linear, linear_data, weights, match):

@@ -336,3 +336,31 @@ def test_onnxruntime_failure_during_a_step_is_one_clean_error(route: str) -> Non
     assert (info.value.epoch, info.value.batch) == (0, 0)
     for name, value in trainer.get_state().items():
         np.testing.assert_array_equal(value, before[name], err_msg=name)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_an_id_outside_the_table_is_named_as_such(route: str) -> None:
+    """An embedding's Gather given an id past its table fails in onnxruntime: the error says
+    which ids the table takes, not to leave weights out of weights_to_train."""
+    from onnx import TensorProto
+    from onnx import helper as h
+
+    from ort_train_core.exceptions import TrainingStepError
+
+    graph = h.make_graph(
+        [
+            h.make_node("Gather", ["E", "ids"], ["e"]),
+            h.make_node("ReduceMean", ["e"], ["Y"], axes=[1, 2], keepdims=0),
+        ],
+        "embedding",
+        [h.make_tensor_value_info("ids", TensorProto.INT64, [None, 4])],
+        [h.make_tensor_value_info("Y", TensorProto.FLOAT, [None])],
+        [numpy_helper.from_array(np.ones((10, 1), np.float32), "E")],
+    )
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    ids = np.arange(16, dtype=np.int64).reshape(4, 4) % 12  # 10 and 11 are past the table
+    trainer = _trainer(route, model)
+    with pytest.raises(TrainingStepError, match=r"idx=1[01] .* takes ids 0 to N - 1") as info:
+        trainer.fit(ids, np.zeros(4, np.float32))
+    assert "weights_to_train" not in str(info.value)

@@ -36,7 +36,13 @@ from .checkpoint import (
     save_training,
     warn_unchecked,
 )
-from .exceptions import ConvergenceError, ConvergenceWarning, TrainingInterruptedWarning, TrainingStepError
+from .exceptions import (
+    CheckpointMismatchError,
+    ConvergenceError,
+    ConvergenceWarning,
+    TrainingInterruptedWarning,
+    TrainingStepError,
+)
 from .learning_rate import BaseLearningRate, make_learning_rate
 
 
@@ -395,7 +401,18 @@ class BaseOrtTrainer(ParamsMixin):
         n_epochs = int(self.max_iter) - self.n_iter_ if resuming else int(self.max_iter)
         if n_epochs <= 0:
             return self
-        runner = self._new_runner(data, sample_weight, self._state, device, lr, validation)
+        try:
+            runner = self._new_runner(data, sample_weight, self._state, device, lr, validation)
+        except Exception as exc:  # the partial loop runs a first forward to size its buffers
+            if not is_onnxruntime_error(exc):
+                raise
+            text = run_failure(exc)
+            raise TrainingStepError(
+                f"onnxruntime failed at epoch {self.n_iter_ + 1}, batch 1, before any step: {text}; "
+                f"the weights are unchanged. {_step_failure_hint(text)}",
+                epoch=self.n_iter_,
+                batch=0,
+            ) from exc
         weights = data[-1] if self._batches_weighted_by_sample_weight() else None
         outcome = self._train(runner, weights, n_epochs, resuming)
         self._warn_outcome(outcome)
@@ -416,9 +433,13 @@ class BaseOrtTrainer(ParamsMixin):
         learning rate (the optimizer states belong to it)."""
         previous_lr: str | None = getattr(self, "_lr_signature", None)
         if continuing and previous_lr is not None and previous_lr != repr(lr):
-            raise ValueError(
+            # a CheckpointMismatchError (a ValueError) names the setting, for the CLI's words
+            raise CheckpointMismatchError(
                 "continuing a fit (warm_start=True or resume) continues the optimizer state, but the "
-                f"learning rate changed ({previous_lr} -> {lr!r}); fit with warm_start=False to restart"
+                f"learning rate changed ({previous_lr} -> {lr!r}); fit with warm_start=False to restart",
+                parameter="learning_rate",
+                saved=previous_lr,
+                given=repr(lr),
             )
         if not continuing:
             initial = self._initial_state()
@@ -626,11 +647,10 @@ class BaseOrtTrainer(ParamsMixin):
         last complete epoch) and returns the error to raise, in onnxruntime's words without C++."""
         runner.restore(snapshot)
         self._state = snapshot
+        text = run_failure(exc)
         return TrainingStepError(
-            f"onnxruntime failed at epoch {epoch + 1}, batch {batch + 1}: {run_failure(exc)}; the "
-            "weights were restored to the end of the last complete epoch. A kernel refused the "
-            "values or shapes of this graph: leave the weights feeding that node out of "
-            "weights_to_train, or check the data's shapes against the graph's inputs",
+            f"onnxruntime failed at epoch {epoch + 1}, batch {batch + 1}: {text}; the weights were "
+            f"restored to the end of the last complete epoch. {_step_failure_hint(text)}",
             epoch=epoch,
             batch=batch,
         )
@@ -891,6 +911,19 @@ def describe_non_finite(weights: Mapping[str, np.ndarray]) -> str:
         if np.issubdtype(value.dtype, np.floating) and not _array_finite(value)
     ]
     return ", ".join(bad)
+
+
+def _step_failure_hint(text: str) -> str:
+    """What to check when onnxruntime failed in a step with ``text``."""
+    if "out of data bounds" in text or "out of bounds" in text:
+        return (
+            "An integer input holds an index outside the table it reads: check the data's ids "
+            "against the graph's tables (a table of N rows takes ids 0 to N - 1)"
+        )
+    return (
+        "A kernel refused the values or shapes of this graph: leave the weights feeding that "
+        "node out of weights_to_train, or check the data's shapes against the graph's inputs"
+    )
 
 
 def _loss_diverged(

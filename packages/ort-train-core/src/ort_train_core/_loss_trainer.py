@@ -271,6 +271,11 @@ class LossGraphTrainer(BaseOrtTrainer):
             if name is not None and name not in inputs:
                 raise ValueError(f"the {role} input {name!r} is not an input of the model (inputs: {inputs})")
         if self.weights_to_train is not None:
+            if not isinstance(self.weights_to_train, str) and not len(self.weights_to_train):
+                raise ValueError(
+                    "weights_to_train is empty: a trainer needs a weight to train; name some "
+                    "initializers, or pass None to train every float initializer the loss depends on"
+                )
             check_weights(model, self.weights_to_train, loss_name)
             parameters = list(self.weights_to_train)
         else:

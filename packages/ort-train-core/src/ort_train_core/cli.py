@@ -719,6 +719,11 @@ def _resume_refused(exc: CheckpointMismatchError, checkpoint: str) -> _UsageErro
             f"{checkpoint} was written by a run on other rows than --data, --target and "
             f"--validation-fraction (with --seed) give now; resume with the interrupted run's, {fix}"
         )
+    if exc.parameter == "learning_rate":
+        return _UsageError(
+            f"{checkpoint} continues an optimizer state of --optimizer, --lr and --momentum other "
+            f"than this run's ({exc.saved} -> {exc.given}); resume with the interrupted run's, {fix}"
+        )
     if exc.parameter == "shuffle":
         saved, given = ("--shuffle" if v else "--no-shuffle" for v in (exc.saved, exc.given))
     else:
