@@ -12,8 +12,6 @@
 from __future__ import annotations
 
 import copy
-import io
-import warnings
 
 import numpy as np
 import onnx
@@ -23,32 +21,10 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 import ort_train_core
-from ort_train_core.graph import MAX_IR_VERSION
+from batchnorm_support import export_training
 from ort_train_torch import OnnxModule
 
 TOL = 1e-5
-
-
-def _export(net: nn.Module, example: torch.Tensor) -> onnx.ModelProto:
-    """The TorchScript export in training mode (it keeps BatchNorm and Dropout as nodes)."""
-    f = io.BytesIO()
-    with warnings.catch_warnings():  # the TorchScript exporter is deprecated
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            copy.deepcopy(net),
-            (example,),
-            f,
-            dynamo=False,
-            training=torch.onnx.TrainingMode.TRAINING,
-            do_constant_folding=False,
-            opset_version=17,
-            input_names=["X"],
-            output_names=["Y"],
-            dynamic_axes={"X": {0: "N"}, "Y": {0: "N"}},
-        )
-    model = onnx.load_from_string(f.getvalue())
-    model.ir_version = min(model.ir_version, MAX_IR_VERSION)
-    return model
 
 
 def _batchnorm_pair() -> tuple[nn.Module, OnnxModule, torch.Tensor]:
@@ -62,7 +38,7 @@ def _batchnorm_pair() -> tuple[nn.Module, OnnxModule, torch.Tensor]:
         net[1].running_mean.uniform_(-1.0, 1.0, generator=gen)
         net[1].running_var.uniform_(0.5, 2.0, generator=gen)
     x = torch.randn(10, 4, generator=gen) * 3 + 1
-    model = _export(net, x)
+    model = export_training(copy.deepcopy(net), x)
     # the export traces a training forward, which moves torch's running statistics: both
     # start from the exported values
     exported = {i.name: torch.from_numpy(numpy_helper.to_array(i).copy()) for i in model.graph.initializer}
@@ -158,7 +134,7 @@ def test_train_mode_under_no_grad_keeps_dropout_active() -> None:
     torch.manual_seed(4)
     net = nn.Sequential(nn.Linear(4, 16), nn.Dropout(0.5), nn.Linear(16, 1))
     x = torch.randn(8, 4)
-    module = OnnxModule(_export(net, x))
+    module = OnnxModule(export_training(copy.deepcopy(net), x))
     net.eval()
     reference = net(x).detach()
     module.train()
@@ -175,7 +151,7 @@ def _mlp_pair() -> tuple[nn.Module, OnnxModule, torch.Tensor]:
     torch.manual_seed(5)
     net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
     x = torch.randn(6, 4)
-    return net, OnnxModule(_export(net, x)), x
+    return net, OnnxModule(export_training(copy.deepcopy(net), x)), x
 
 
 DTYPE_ERROR = (
