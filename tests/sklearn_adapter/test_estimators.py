@@ -1002,3 +1002,24 @@ def test_mlp_lbfgs_is_not_stochastic() -> None:
     assert hasattr(OrtMLPRegressor(solver="sgd"), "partial_fit")
     with pytest.raises(ValueError, match="checkpoint_dir"):
         OrtMLPRegressor(solver="lbfgs", checkpoint_dir="unused").fit(X, y)
+
+
+@pytest.mark.parametrize("estimator_class", [OrtSGDRegressor, OrtMLPRegressor])
+def test_partial_fit_appends_each_call_to_the_loss_curve(estimator_class: type) -> None:
+    """Each partial_fit adds its epoch to loss_curve_ (appended, not rebuilt: a stream of calls
+    stays linear), also across a parameter change that rebuilds the trainer; best_loss_ and
+    loss_ follow the whole curve."""
+    X, y, _ = _linear_data()
+    est = estimator_class(random_state=SEED)
+    curves = []
+    for call in range(6):
+        if call == 3:
+            est.set_params(alpha=0.01)
+        est.partial_fit(X, y)
+        curves.append(list(est.loss_curve_))
+    assert [len(curve) for curve in curves] == [1, 2, 3, 4, 5, 6]
+    for call in range(1, 6):
+        assert curves[call][:call] == curves[call - 1]  # the earlier epochs stay as they were
+    assert est.best_loss_ == min(est.loss_curve_)
+    assert est.loss_ == est.loss_curve_[-1]
+    assert est.n_iter_ == 1

@@ -623,10 +623,18 @@ class OrtEstimatorMixin(BaseEstimator):
         # scikit-learn's n_iter_ counts the epochs of this call; loss_curve_ goes on over warm
         # starts and partial fits
         self.n_iter_ = int(trainer.n_iter_) - epochs_before
-        self.loss_curve_ = [
-            *getattr(self, "_curve_before", []),
-            *(float(v) / self._report_scale for v in trainer.train_losses_),
-        ]
+        before: list[float] = getattr(self, "_curve_before", [])
+        new = [float(v) / self._report_scale for v in trainer.train_losses_[epochs_before:]]
+        curve: list[float] | None = getattr(self, "loss_curve_", None)
+        # a call that continues the curve appends this call's epochs: a stream of partial_fit
+        # calls would otherwise rebuild the whole history at each call (quadratic)
+        extend = curve is not None and len(curve) == len(before) + epochs_before
+        previous_best = getattr(self, "best_loss_", None)
+        if extend and curve is not None:
+            curve.extend(new)
+        else:
+            curve = [*before, *(float(v) / self._report_scale for v in trainer.train_losses_)]
+        self.loss_curve_ = curve
         if self.loss_curve_:
             self.loss_ = self.loss_curve_[-1]
         # with early stopping, scikit-learn's MLP sets best_loss_ to None and records the
@@ -634,7 +642,10 @@ class OrtEstimatorMixin(BaseEstimator):
         self.validation_scores_ = list(scoring.scores) if scoring is not None and scoring.scores else None
         self.best_loss_: float | None
         if self.validation_scores_ is None:
-            self.best_loss_ = min(self.loss_curve_) if self.loss_curve_ else math.inf
+            if extend and isinstance(previous_best, float):
+                self.best_loss_ = min([previous_best, *new])
+            else:
+                self.best_loss_ = min(self.loss_curve_) if self.loss_curve_ else math.inf
             self.best_validation_score_ = None
         else:
             self.best_loss_ = None
