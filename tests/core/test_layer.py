@@ -3,6 +3,7 @@ torch autograd of the same function, inference against numpy; and the cached IOB
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -293,3 +294,27 @@ def test_cached_binding_rebinds_only_on_a_new_buffer() -> None:
     binding.bind_input("X", ort_capi.OrtValue.ortvalue_from_numpy(b, device.ort_device))
     assert binding.n_binds == 2
     check(b)
+
+
+def test_training_forwards_left_without_a_backward_are_reported() -> None:
+    """Each training forward holds its activations until its backward (a stack: the layer may
+    serve twice in one model): forwards never followed by one warn once, at PENDING_WARNING,
+    that inference forwards need no backward; a backward then still takes the last forward."""
+    from ort_train_core.forward_backward import PENDING_WARNING
+
+    layer = OrtGradientForwardBackward(build_linear(3, 2), input_names_requiring_grad=["X"])
+    X = np.ones((5, 3), dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(PENDING_WARNING - 1):
+            layer.forward([X], training=True)
+        for _ in range(3):
+            layer.forward([X], training=False)  # nothing kept: no warning
+    with pytest.warns(ResourceWarning, match=r"training forwards wait for their backward .* training=False"):
+        layer.forward([2 * X], training=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once
+        layer.forward([X], training=True)
+    grads = layer.backward([np.ones((5, 2), dtype=np.float32)])
+    coef = initializers(build_linear(3, 2))["coef"]
+    np.testing.assert_allclose(grads[0].numpy(), np.ones((5, 2)) @ coef.T, rtol=1e-6)

@@ -3,6 +3,7 @@ of the outputs, through the gradient backend's forward/backward pair."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,10 @@ from .graph import (
     normalise_model,
     value_types,
 )
+
+#: training forwards waiting for a backward at which :meth:`OrtGradientForwardBackward.forward`
+#: warns that they hold their activations
+PENDING_WARNING = 100
 
 
 @dataclass
@@ -211,8 +216,11 @@ class OrtGradientForwardBackward:
     ) -> list[Any]:
         """Runs the graph; returns OrtValues on the device (``.numpy()`` to read on CPU).
 
-        ``training=True`` keeps the state for one :meth:`backward` and, when ``statistics`` is
-        None, updates the running statistics this object owns; ``False`` runs an inference
+        ``training=True`` keeps the state for one :meth:`backward` (several wait on a stack, the
+        last forward's backward first, as when the layer is used twice in one model; each holds
+        its activations until its backward, and a warning says when
+        :data:`PENDING_WARNING` of them wait) and, when ``statistics`` is None, updates the
+        running statistics this object owns; ``False`` runs an inference
         session (BatchNormalization with the running statistics) and keeps nothing.
         ``statistics``: the running statistics to read instead of the owned ones (not updated).
         A training forward that would leave a training-mode BatchNormalization node a single
@@ -225,6 +233,15 @@ class OrtGradientForwardBackward:
             return self._infer(feeds)
         out, pending = self.run_forward(feeds, keep)
         self._pending.append(pending)
+        if len(self._pending) == PENDING_WARNING:
+            # forwards never followed by a backward (a look at the outputs mid-training, an
+            # error in between) hold their activations: say so once, before memory runs out
+            warnings.warn(
+                f"{PENDING_WARNING} training forwards wait for their backward and hold their "
+                "activations; run forward(..., training=False) for outputs that need no gradient",
+                ResourceWarning,
+                stacklevel=2,
+            )
         n = len(self.output_names)
         if statistics is None:
             for k, s in enumerate(self.statistics):
