@@ -86,3 +86,22 @@ def test_a_model_edited_in_place_gets_a_new_record(builds: list[str]) -> None:
     for name, value in expected.items():
         np.testing.assert_allclose(trainer.get_state()[name], value, rtol=1e-5, atol=1e-6)
     assert builds == ["OrtGradientOptimizer", "OrtGradientOptimizer"]
+
+
+def test_large_models_are_not_kept(builds: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each cached record holds copies of the model's weights: models above
+    MAX_CACHED_MODEL_BYTES are built per trainer and not kept (here with the bound lowered under
+    the linear model's size); they train as the cached ones."""
+    X, y = _data()
+    model = build_linear(seed=4)
+    monkeypatch.setattr(_loss_trainer, "MAX_CACHED_MODEL_BYTES", add_loss_output(model).ByteSize() - 1)
+    expected, _ = linear_sgd_reference(initializers(model), X, y, eta=0.05, batch_size=5, epochs=3)
+    for _ in range(2):
+        trainer = OrtGradientOptimizer(
+            add_loss_output(model), batch_size=5, learning_rate=0.05, max_iter=3, shuffle=False
+        )
+        trainer.fit(X, y)
+        for name, value in expected.items():
+            np.testing.assert_allclose(trainer.get_state()[name], value, rtol=1e-5, atol=1e-6)
+    assert builds == ["OrtGradientOptimizer", "OrtGradientOptimizer"]  # built twice, kept never
+    assert len(_loss_trainer._FIT_GRAPHS._entries) == 0

@@ -43,3 +43,17 @@ def test_fits_share_one_loss_graph_per_setting(calls: list[Any]) -> None:
     OrtSGDRegressor(**{**params, "alpha": 0.1}).fit(X, y)  # another penalty: another graph
     assert len(calls) == 2
     assert calls[0] != calls[1]
+
+
+def test_large_graphs_are_not_kept(calls: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graph above MAX_CACHED_MODEL_BYTES (here the bound is set to 0) is built for each fit
+    and not kept: each entry would hold copies of its weights."""
+    monkeypatch.setattr(_base, "MAX_CACHED_MODEL_BYTES", 0)
+    X, y = make_regression(60, 4, noise=5.0, random_state=0)
+    params: dict[str, Any] = dict(batch_size=1, shuffle=False, max_iter=5, tol=None, alpha=0.01)
+    fits = [OrtSGDRegressor(**params).fit(X, y) for _ in range(2)]
+    assert len(calls) == 2
+    assert len(_base._LOSS_GRAPHS._entries) == 0
+    reference = SGDRegressor(**{k: v for k, v in params.items() if k != "batch_size"}).fit(X, y)
+    for fit in fits:
+        np.testing.assert_allclose(fit.coef_, reference.coef_, rtol=1e-4, atol=1e-5)

@@ -12,6 +12,11 @@ from onnx import ModelProto
 
 V = TypeVar("V")
 
+#: models larger than this (serialised bytes) are not kept in the graph caches: those save the
+#: setup of small fits (milliseconds), while each entry holds copies of the model's weights
+#: (about 4 times its size), and a model's random initial weights make most keys new
+MAX_CACHED_MODEL_BYTES = 1 << 20
+
 
 def model_digest(model: ModelProto) -> bytes:
     """sha256 of the serialised model: equal for equal content, whatever the object.

@@ -15,7 +15,7 @@ from onnx import ModelProto
 
 from . import _batchnorm as batchnorm
 from ._binding import make_session
-from ._cache import LRUCache, model_digest
+from ._cache import MAX_CACHED_MODEL_BYTES, LRUCache, model_digest
 from ._data import DataSpec, check_fit_arrays, feature_spec
 from ._exported import warn_exported_graph
 from ._fit_loop import BaseOrtTrainer
@@ -242,7 +242,10 @@ class LossGraphTrainer(BaseOrtTrainer):
         digest = model_digest(model)
         if current is None or current.params != params or current.digest != digest:
             key = (type(self), digest, params)
-            shared = _FIT_GRAPHS.get_or_build(key, lambda: self._new_fit_graphs(params, digest))
+            if model.ByteSize() <= MAX_CACHED_MODEL_BYTES:
+                shared = _FIT_GRAPHS.get_or_build(key, lambda: self._new_fit_graphs(params, digest))
+            else:
+                shared = self._new_fit_graphs(params, digest)
             # once per graph and trainer, on the model without the loss (whose penalty reads
             # the weights too): parameters an exporter merged or BatchNorm it folded
             warn_exported_graph(shared.prediction, shared.inputs.parameters, type(self).__name__)

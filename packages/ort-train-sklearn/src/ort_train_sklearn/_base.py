@@ -36,7 +36,7 @@ from ort_train_core import (
     initializers_to_inputs,
     parse_device,
 )
-from ort_train_core._cache import LRUCache, model_digest
+from ort_train_core._cache import MAX_CACHED_MODEL_BYTES, LRUCache, model_digest
 from ort_train_core._data import dense_rows, is_sparse, sparse_as
 from ort_train_core.graph import initializer_values, inputs_to_initializers
 
@@ -142,12 +142,14 @@ def _loss_graph(
 ) -> ModelProto:
     """``add_loss_output(model, score, ...)`` for the full loop, from the cache when the same
     graph and settings were seen (a copy: the trainer owns its model)."""
-    key = (model_digest(model), type(score), repr(score), repr(penalty), reduction)
 
     def build() -> ModelProto:
         weight = "sample_weight"
         return add_loss_output(model, score, weight_name=weight, penalty=penalty, reduction=reduction)
 
+    if model.ByteSize() > MAX_CACHED_MODEL_BYTES:
+        return build()
+    key = (model_digest(model), type(score), repr(score), repr(penalty), reduction)
     out = ModelProto()
     out.CopyFrom(_LOSS_GRAPHS.get_or_build(key, build))
     return out
