@@ -304,6 +304,30 @@ def test_divergence_at_an_epochs_first_batch_rolls_back_to_weights_with_a_finite
     _assert_same_state(t.get_state(), kept.get_state(), rtol=0)
 
 
+def test_a_checkpoint_after_such_a_divergence_holds_the_kept_weights(
+    linear_loss_model, linear_data, tmp_path
+):
+    """The checkpoint written at every epoch end held the condemned weights after the rollback
+    went one epoch further back: on_train_end rewrites it with the state the trainer kept (its
+    weights, epoch count and history), which resumes without diverging at once."""
+    from ort_train_core.checkpoint import CHECKPOINT_FILE, checkpoint_info
+
+    X, y = linear_data
+    Xs = X * np.float32(1e3)
+    params = dict(max_iter=60, batch_size=len(X), learning_rate=1.0, shuffle=False)
+    t = OrtGradientOptimizer(linear_loss_model, checkpoint_dir=str(tmp_path), **params)
+    with pytest.raises(ConvergenceError, match="the end of the epoch before the last") as info:
+        t.fit(Xs, y)
+    saved = checkpoint_info(tmp_path / CHECKPOINT_FILE)
+    assert saved["n_iter_"] == t.n_iter_ == info.value.epoch - 1
+    again = OrtGradientOptimizer(
+        linear_loss_model, checkpoint_dir=str(tmp_path), **{**params, "max_iter": t.n_iter_ + 1}
+    )
+    again.resume(Xs, y)  # one more epoch from the kept weights: its first loss is finite
+    assert again.n_iter_ == t.n_iter_ + 1
+    assert np.isfinite(again.train_losses_).all()
+
+
 def test_validation_loss_is_the_numpy_loss_at_each_epoch_end(linear_loss_model, linear_data, ref):
     X, y = linear_data
     rng = np.random.default_rng(5)

@@ -767,6 +767,11 @@ class CheckpointWriter(Callback):
         return False
 
     def on_train_end(self, trainer: BaseOrtTrainer) -> None:
+        if self._last is not None and trainer.n_iter_ < self._last.n_iter:
+            # a divergence rolled back past the last epoch end (its weights gave the inf loss):
+            # the file holds the state the trainer kept, not the one it condemned
+            self._remember(trainer)
+            self._written = -1
         if self._last is not None and self._written != self._last.n_iter:
             self._write(trainer)
 
