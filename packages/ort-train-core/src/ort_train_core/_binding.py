@@ -239,7 +239,7 @@ def _new_session(
     # bytes have no folder: onnxruntime would resolve external data against the working directory
     check_no_external_data(model)
     so = ort_capi.SessionOptions()
-    so.log_severity_level = 3
+    so.log_severity_level = 4  # errors reach the caller as exceptions, in our words; not logged twice
     so.enable_mem_pattern = reuse_memory
     so.enable_mem_reuse = reuse_memory
     if threads:
