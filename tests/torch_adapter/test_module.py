@@ -163,17 +163,27 @@ def test_several_inputs_and_outputs_match_torch():
     torch.testing.assert_close(x2_ours.grad, x2_ref.grad, atol=ATOL, rtol=1e-5)
 
 
-def test_an_unused_output_gets_a_zero_gradient():
+def test_an_unused_output_leaves_what_only_it_reaches_without_gradient():
+    """As torch: the loss reads out_tanh only, so c (which reaches out_sum alone) gets no
+    gradient (None, not zeros: momentum or weight decay would move it) and A gets tanh's."""
     model, values = _two_in_two_out()
     module = OnnxModule(model)
     A = torch.tensor(values["A"], requires_grad=True)
+    c = torch.tensor(values["c"], requires_grad=True)
     gen = torch.Generator().manual_seed(11)
     x1, x2 = torch.randn(5, 3, generator=gen), torch.randn(5, 2, generator=gen)
     _, t = module(x1, x2)
     t.sum().backward()
-    torch.tanh(x1 @ A).sum().backward()
+    _, t_ref = (x1 @ A) * x2 + c, torch.tanh(x1 @ A)
+    t_ref.sum().backward()
     torch.testing.assert_close(module.A.grad, A.grad, atol=ATOL, rtol=1e-5)
-    torch.testing.assert_close(module.c.grad, torch.zeros(2))
+    assert c.grad is None
+    assert module.c.grad is None
+    # and with both outputs used, c gets its gradient
+    module.zero_grad()
+    s, t = module(x1, x2)
+    (s.sum() + t.sum()).backward()
+    torch.testing.assert_close(module.c.grad, torch.full((2,), 5.0))
 
 
 # ---- parameters, modes, export -------------------------------------------------------------------

@@ -25,6 +25,7 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 from ort_train_core import OrtGradientForwardBackward, describe_non_finite, load_model, ortvalue_from_dlpack
 from ort_train_core.exceptions import GraphNotDifferentiableError
 from ort_train_core.graph import (
+    differentiable_ancestors,
     inference_form,
     initializer_values,
     inputs_to_initializers,
@@ -190,10 +191,12 @@ class _OnnxFunction(torch.autograd.Function):
         fb: OrtGradientForwardBackward,
         needs_grad: tuple[bool, ...],
         weight_values: list[Any],
+        reach: tuple[list[frozenset[int]], list[frozenset[int]]] | None,
         *args: torch.Tensor,
     ) -> tuple[torch.Tensor, ...]:
         """``args``: the inputs then the parameters (autograd tracks them); ``weight_values``:
-        the parameters as OrtValues, made by the module."""
+        the parameters as OrtValues, made by the module; ``reach``: the outputs each input and
+        each parameter reaches (None: unknown)."""
         n_inputs = len(needs_grad)
         if args and args[0].is_cuda:
             wait_for_torch(args[0].device)
@@ -203,7 +206,13 @@ class _OnnxFunction(torch.autograd.Function):
         out, pending = fb.run_forward(feeds, keep)
         results = tuple(tensors_from_ortvalues(out))
         c: Any = ctx
-        c.state = (fb, pending, needs_grad, [(r.shape, r.dtype, r.device) for r in results])
+        c.state = (fb, pending, needs_grad, [(r.shape, r.dtype, r.device) for r in results], reach)
+        # onnxruntime's backward reads these buffers (inputs and weights cross without a copy,
+        # outputs may be reused): torch's version counters then refuse an in-place change
+        # before the backward, as for its own operators, instead of wrong gradients
+        ctx.save_for_backward(*args, *results)
+        # an output the loss does not use comes as None: the parameters only it reaches get None
+        ctx.set_materialize_grads(False)
         frozen = [r for r in results if not r.is_floating_point()]
         if frozen:
             ctx.mark_non_differentiable(*frozen)
@@ -220,13 +229,14 @@ class _OnnxFunction(torch.autograd.Function):
 
 def _backward(ctx: FunctionCtx, *grad_outputs: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
     c: Any = ctx
-    fb, pending, needs_grad, output_meta = c.state
+    fb, pending, needs_grad, output_meta, reach = c.state
     if pending is None:
         raise RuntimeError(
             "OnnxModule: backward ran twice through the same forward; onnxruntime frees its "
             "state after one backward (retain_graph is not supported)"
         )
-    c.state = (fb, None, needs_grad, output_meta)
+    c.saved_tensors  # noqa: B018  (unpacking checks that nothing changed them in place)
+    c.state = (fb, None, needs_grad, output_meta, reach)
     skip = fb.graphs.non_differentiable_outputs
     grads: list[Any] = []
     for k, (g, (shape, dtype, device)) in enumerate(zip(grad_outputs, output_meta)):
@@ -238,12 +248,21 @@ def _backward(ctx: FunctionCtx, *grad_outputs: torch.Tensor | None) -> tuple[tor
         grads.append(ortvalue_from_tensor(g))
     if output_meta and output_meta[0][2].type == "cuda":
         wait_for_torch(output_meta[0][2])
-    results = tensors_from_ortvalues(fb.run_backward(grads, pending))
+    results: list[torch.Tensor | None] = list(tensors_from_ortvalues(fb.run_backward(grads, pending)))
     n_input_grads = len(fb.input_names_requiring_grad)
+    if reach is not None:
+        # as torch: no gradient (None, not zeros) for what reaches only unused outputs, so that
+        # momentum or weight decay does not move a parameter the loss did not reach
+        unused = {k for k, g in enumerate(grad_outputs) if g is None}
+        input_reach, param_reach = reach
+        requiring = [r for r, needed in zip(input_reach, needs_grad) if needed]
+        for j, outputs in enumerate([*requiring, *param_reach]):
+            if outputs <= unused:
+                results[j] = None
+    out: list[torch.Tensor | None] = [None, None, None, None]
     if not n_input_grads:  # a first layer: only the parameters get gradients
-        return (None,) * (3 + len(needs_grad)) + tuple(results)
+        return (*out, *[None] * len(needs_grad), *results)
     input_grads = iter(results[:n_input_grads])
-    out: list[torch.Tensor | None] = [None, None, None]
     out.extend(next(input_grads) if needed else None for needed in needs_grad)
     out.extend(results[n_input_grads:])
     return tuple(out)
@@ -319,6 +338,7 @@ class OnnxModule(nn.Module):
             "_onnx_dtypes",
             "_graphs",
             "_weight_values",
+            "_output_reach",
         }
     )
 
@@ -376,6 +396,11 @@ class OnnxModule(nn.Module):
             attr: t.dtype for attr, t in [*self._parameters.items(), *self._buffers.items()] if t is not None
         }
         self._graphs: dict[tuple[str, tuple[str, ...]], OrtGradientForwardBackward] = {("cpu", ()): probe}
+        reached = [differentiable_ancestors(model, [name])[0] for name in self.output_names]
+        self._output_reach: dict[str, frozenset[int]] = {
+            name: frozenset(k for k, names in enumerate(reached) if name in names)
+            for name in [*self.input_names, *weights]
+        }
         self._weight_values: dict[str, tuple[tuple[Any, ...], Any]] = {}
 
     # ---- pickling / copying: onnxruntime objects are rebuilt on first use --------------------
@@ -397,6 +422,14 @@ class OnnxModule(nn.Module):
         return f"inputs={self.input_names}, outputs={self.output_names}, parameters={names}"
 
     # ---- forward --------------------------------------------------------------------------
+    def _reach(self) -> tuple[list[frozenset[int]], list[frozenset[int]]] | None:
+        """The outputs (indices) each input and each parameter reaches with a gradient, computed
+        once; None for a module unpickled from an older version."""
+        reach: dict[str, frozenset[int]] | None = getattr(self, "_output_reach", None)
+        if reach is None:
+            return None
+        return [reach[n] for n in self.input_names], [reach[n] for n in self.onnx_names.values()]
+
     def _forward_backward(
         self, device: torch.device, requiring: tuple[str, ...]
     ) -> OrtGradientForwardBackward:
@@ -539,7 +572,7 @@ class OnnxModule(nn.Module):
             outputs: tuple[torch.Tensor, ...]
             if with_grad:
                 outputs = _OnnxFunction.apply(  # type: ignore[no-untyped-call]
-                    fb, needs_grad, values, *inputs, *params
+                    fb, needs_grad, values, self._reach(), *inputs, *params
                 )
             else:
                 # nothing to differentiate: the same forward outside autograd, its state for a
