@@ -626,16 +626,16 @@ class OrtEstimatorMixin(BaseEstimator):
         # starts and partial fits
         self.n_iter_ = int(trainer.n_iter_) - epochs_before
         before: list[float] = getattr(self, "_curve_before", [])
-        new = [float(v) / self._report_scale for v in trainer.train_losses_[epochs_before:]]
+        losses = trainer.train_losses_
+        new = [float(v) / self._report_scale for v in losses[epochs_before:]]
         curve: list[float] | None = getattr(self, "loss_curve_", None)
         # a call that continues the curve appends this call's epochs: a stream of partial_fit
         # calls would otherwise rebuild the whole history at each call (quadratic)
         extend = curve is not None and len(curve) == len(before) + epochs_before
         previous_best = getattr(self, "best_loss_", None)
-        if extend and curve is not None:
-            curve.extend(new)
-        else:
-            curve = [*before, *(float(v) / self._report_scale for v in trainer.train_losses_)]
+        if curve is None or not extend:
+            curve = [*before, *(float(v) / self._report_scale for v in losses[:epochs_before])]
+        curve.extend(new)
         self.loss_curve_ = curve
         if self.loss_curve_:
             self.loss_ = self.loss_curve_[-1]
@@ -677,15 +677,13 @@ class OrtEstimatorMixin(BaseEstimator):
         """A trainer with the current parameters from the fitted weights (as ``coef_`` holds
         them); ``keep_progress``: with the old one's step counts and optimizer states."""
         self._check_warm_structure()
-        old = self._trainer
-        names = list(old.get_state())
-        weights = initializer_values(self._trained_graph(), names)
+        progress = self._trainer._current_state()
+        weights = initializer_values(self._trained_graph(), list(progress.weights))
         self._curve_before = list(getattr(self, "loss_curve_", []))
-        progress = old._current_state() if keep_progress else None
         self._trainer = self._make_trainer(
             inputs_to_initializers(self._raw_model, weights), n_samples, n_outputs, rng, mean_weight
         )
-        if progress is not None:
+        if keep_progress:
             self._trainer._carry_progress(progress)
 
     def _make_trainer(

@@ -445,14 +445,10 @@ def _classifier_logits(
     listed = _classes_from_graph(model)
     if classes is None:
         classes = listed
-    elif listed is not None and _is_reordering(classes, listed):
+    elif listed is not None:
         # renaming the labels is fine; the same labels in another order would swap the
         # predictions of the columns
-        raise ValueError(
-            f"classes={classes.tolist()!r} lists the model's labels ({listed.tolist()!r}, one per "
-            "logit column) in another order, which would swap its predictions: pass them in the "
-            "model's order, or leave classes out"
-        )
+        check_not_reordered(classes, listed)
     work, probability = _cut_at_logits(work, target, sample)
     n_cols = _output_shape(work, sample)[1]
     n_classes = 2 if n_cols == 1 else n_cols
@@ -466,10 +462,28 @@ def _classifier_logits(
     return _rename(work, work.graph.output[0].name, LOGITS_NAME), probability, classes
 
 
-def _is_reordering(classes: np.ndarray, listed: np.ndarray) -> bool:
-    """Whether ``classes`` holds the labels of ``listed`` in another order."""
+def check_not_reordered(classes: Any, listed: np.ndarray) -> None:
+    """Refuses ``classes`` that hold the model's labels ``listed`` in another order.
+
+    Parameters
+    ----------
+    classes : array-like
+        The labels a caller gave for the logit columns, in order.
+    listed : numpy.ndarray
+        The model's own labels, in the order of its columns.
+
+    Raises
+    ------
+    ValueError
+        When ``classes`` are ``listed`` permuted: that would swap the columns' predictions.
+    """
     given, own = np.asarray(classes).tolist(), np.asarray(listed).tolist()
-    return given != own and sorted(map(str, given)) == sorted(map(str, own))
+    if given != own and sorted(map(str, given)) == sorted(map(str, own)):
+        raise ValueError(
+            f"classes={given!r} lists the model's labels ({own!r}, one per logit column) in another "
+            "order, which would swap its predictions: pass them in the model's order, or leave "
+            "classes out"
+        )
 
 
 def _checked_classes(classes: Any) -> np.ndarray:

@@ -33,7 +33,7 @@ from ._base import (
     OrtRegressorMixin,
     _same_classes,
 )
-from ._convert import TrainableGraph, to_trainable_graph
+from ._convert import TrainableGraph, check_not_reordered, to_trainable_graph
 from ._docs import Entry, fill_doc
 
 #: the parameters and attributes both estimators document alike
@@ -394,12 +394,8 @@ class OnnxModelClassifier(OrtClassifierMixin, ClassifierMixin, _OnnxModelBase):
                 )
         # the parameter names the logit columns in order (partial_fit's, as scikit-learn's, is a
         # set): a fitted estimator's columns are its classes_, in their order
-        if self.classes is not None and np.asarray(self.classes).tolist() != own.tolist():
-            raise ValueError(
-                f"classes={np.asarray(self.classes).tolist()!r} lists the model's labels "
-                f"({own.tolist()!r}, one per logit column) in another order, which would swap its "
-                "predictions: pass them in the model's order, or leave classes out"
-            )
+        if self.classes is not None:
+            check_not_reordered(self.classes, own)
         return own
 
 

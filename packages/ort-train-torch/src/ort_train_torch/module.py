@@ -396,11 +396,14 @@ class OnnxModule(nn.Module):
             attr: t.dtype for attr, t in [*self._parameters.items(), *self._buffers.items()] if t is not None
         }
         self._graphs: dict[tuple[str, tuple[str, ...]], OrtGradientForwardBackward] = {("cpu", ()): probe}
+        # the outputs (indices) each input and each parameter reaches with a gradient, which the
+        # backward reads at every step
         reached = [differentiable_ancestors(model, [name])[0] for name in self.output_names]
-        self._output_reach: dict[str, frozenset[int]] = {
-            name: frozenset(k for k, names in enumerate(reached) if name in names)
-            for name in [*self.input_names, *weights]
-        }
+
+        def reach(names: Sequence[str]) -> list[frozenset[int]]:
+            return [frozenset(k for k, found in enumerate(reached) if name in found) for name in names]
+
+        self._output_reach = (reach(self.input_names), reach(weights))
         self._weight_values: dict[str, tuple[tuple[Any, ...], Any]] = {}
 
     # ---- pickling / copying: onnxruntime objects are rebuilt on first use --------------------
@@ -422,14 +425,6 @@ class OnnxModule(nn.Module):
         return f"inputs={self.input_names}, outputs={self.output_names}, parameters={names}"
 
     # ---- forward --------------------------------------------------------------------------
-    def _reach(self) -> tuple[list[frozenset[int]], list[frozenset[int]]] | None:
-        """The outputs (indices) each input and each parameter reaches with a gradient, computed
-        once; None for a module unpickled from an older version."""
-        reach: dict[str, frozenset[int]] | None = getattr(self, "_output_reach", None)
-        if reach is None:
-            return None
-        return [reach[n] for n in self.input_names], [reach[n] for n in self.onnx_names.values()]
-
     def _forward_backward(
         self, device: torch.device, requiring: tuple[str, ...]
     ) -> OrtGradientForwardBackward:
@@ -571,8 +566,9 @@ class OnnxModule(nn.Module):
             values = [*buffer_values, *self._parameter_values(params)]
             outputs: tuple[torch.Tensor, ...]
             if with_grad:
+                reach = getattr(self, "_output_reach", None)  # None: unpickled from an older version
                 outputs = _OnnxFunction.apply(  # type: ignore[no-untyped-call]
-                    fb, needs_grad, values, self._reach(), *inputs, *params
+                    fb, needs_grad, values, reach, *inputs, *params
                 )
             else:
                 # nothing to differentiate: the same forward outside autograd, its state for a
