@@ -133,6 +133,7 @@ def _expected_failed_checks(estimator: BaseEstimator) -> dict[str, str]:
     return failures
 
 
+@pytest.mark.sklearn_checks
 @_ignore_convergence
 @parametrize_with_checks(CHECKED, expected_failed_checks=_expected_failed_checks)
 def test_sklearn_compatible(estimator: BaseEstimator, check: Callable[[BaseEstimator], None]) -> None:
