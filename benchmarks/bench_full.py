@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     repeats = args.repeats or (1 if args.quick else 3)
     threads = common.usable_cpus()
     routes.preload()
-    from ort_train_core.optimizer import CPU_ONE_THREAD_MAX_WORK
+    from ort_train_core._binding import CPU_ONE_THREAD_MAX_WORK
 
     X, y = routes.make_data(n_rows, N_FEATURES, False, SEED)
     cases = []

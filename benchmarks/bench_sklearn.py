@@ -202,7 +202,7 @@ def run_case(
 # ---- report -------------------------------------------------------------------------------
 def markdown(report: dict[str, Any]) -> str:
     cfg = report["config"]
-    from ort_train_core.optimizer import CPU_ONE_THREAD_MAX_WORK as one_thread_max
+    from ort_train_core._binding import CPU_ONE_THREAD_MAX_WORK as one_thread_max
 
     lines = [
         f"# OrtMLPRegressor vs scikit-learn MLPRegressor "

@@ -2,7 +2,7 @@
 on one intra-op thread against onnxruntime's default (one per physical core), over a grid of
 batch sizes and network sizes, for MLPs and small CNNs.
 
-It measures where ``ort_train_core.optimizer.CPU_ONE_THREAD_MAX_WORK`` (the largest batch x
+It measures where ``ort_train_core._binding.CPU_ONE_THREAD_MAX_WORK`` (the largest batch x
 trained weight values still run on one thread) should sit. Each row also gives the forward
 multiply-adds of the MatMul/Gemm/Conv nodes per step (``flops``, 2 per multiply-add), a work
 estimate that counts a convolution's spatial positions, which batch x weights does not.
@@ -100,15 +100,15 @@ def forward_flops(model: Any, batch: int) -> float:
 def time_case(model: Any, x: np.ndarray, y: np.ndarray, batch: int, repeats: int) -> dict[str, Any]:
     """Median us/step of one thread and of the default threads, and the fused step's work."""
     import ort_train_core as otc
-    from ort_train_core import optimizer
+    from ort_train_core import _binding, optimizer
 
     loss_model = otc.add_loss_output(model, score_name="squared_error")
     lr = otc.LearningRateSGD(eta0=1e-3, learning_rate="constant")
     trainers = {}
-    saved = optimizer.CPU_ONE_THREAD_MAX_WORK
+    saved = _binding.CPU_ONE_THREAD_MAX_WORK
     try:
         for threads, cut in (("1", float("inf")), ("default", -1)):
-            optimizer.CPU_ONE_THREAD_MAX_WORK = cut  # type: ignore[assignment]
+            _binding.CPU_ONE_THREAD_MAX_WORK = cut  # type: ignore[assignment]
             optimizer._FUSED_GRAPHS.clear()
             trainer = otc.OrtGradientOptimizer(
                 loss_model, max_iter=2, batch_size=batch, shuffle=False, learning_rate=lr
@@ -116,7 +116,7 @@ def time_case(model: Any, x: np.ndarray, y: np.ndarray, batch: int, repeats: int
             trainer.fit(x, y)
             trainers[threads] = trainer
     finally:
-        optimizer.CPU_ONE_THREAD_MAX_WORK = saved
+        _binding.CPU_ONE_THREAD_MAX_WORK = saved
         optimizer._FUSED_GRAPHS.clear()
     steps = 2 * (len(x) // batch)
     times: dict[str, list[float]] = {k: [] for k in trainers}

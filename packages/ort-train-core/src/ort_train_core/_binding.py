@@ -8,11 +8,13 @@ it alive, so every OrtValue made here is stored beside the array it views.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from onnx import ModelProto
+from onnx import ModelProto, TensorProto
 
 from ._cache import LRUCache
 from ._io import check_no_external_data
@@ -197,6 +199,54 @@ def _missing_kernel(message: str) -> str | None:
     op = re.sub(r"_\d+$", "", op)  # onnxruntime's internal names such as SoftmaxGrad_13
     where = f" (node {node!r})" if node else ""
     return f"onnxruntime has no kernel for operator {op}{where} with the graph's element types"
+
+
+#: On CPU, a fused graph whose batch x trained weight values is at most this runs on one
+#: intra-op thread: its step is dozens of small kernels, and splitting them costs more than it
+#: saves. benchmarks/bench_threads.py (MLPs and small CNNs, docs/benchmarks.md): one thread was
+#: as fast or faster at every size up to 9.2e6 (MLPs) and for every CNN; the thread pool first
+#: won at 2.7e7. Batch x weights stays the measure: a FLOP count makes convolutions look large,
+#: and they gained least from the threads
+CPU_ONE_THREAD_MAX_WORK = 10_000_000
+
+
+def cpu_threads(device: Device, rows: int, weight_values: float) -> int | None:
+    """The intra-op threads of a session running ``rows`` rows through ``weight_values``
+    weights: 1 on CPU up to :data:`CPU_ONE_THREAD_MAX_WORK`, else onnxruntime's default pool.
+
+    A session's pool holds (cores - 1) threads for as long as the session lives, so this also
+    keeps the sessions of small models (a fitted estimator's prediction, a validation loss)
+    from holding idle threads by the hundred on a many-core machine.
+
+    Parameters
+    ----------
+    device : Device
+        Where the session runs.
+    rows : int
+        The rows of one run.
+    weight_values : float
+        How many weight values the graph holds (inf: unknown).
+
+    Returns
+    -------
+    int or None
+        1, or None for onnxruntime's default.
+    """
+    return 1 if device.kind == "cpu" and rows * weight_values <= CPU_ONE_THREAD_MAX_WORK else None
+
+
+def count_input_values(model: ModelProto, names: Sequence[str]) -> float:
+    """How many values the graph inputs ``names`` hold together (inf if a dimension is unknown)."""
+    dims = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+    if any(d < 1 for n in names for d in dims[n]):
+        return math.inf
+    return float(sum(math.prod(dims[n]) for n in names))
+
+
+def count_weight_values(model: ModelProto) -> float:
+    """How many values the float initializers of ``model`` hold together (its weights)."""
+    floats = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16}
+    return float(sum(math.prod(i.dims) for i in model.graph.initializer if i.data_type in floats))
 
 
 def make_session(

@@ -159,11 +159,13 @@ class GradientBackend(Protocol):
         device: Device,
         types: Mapping[str, int] | None = None,
         reuse_memory: bool = True,
+        threads: int | None = None,
     ) -> ForwardBackwardRunner:
         """The forward/backward pair of ``model`` (weights as initializers, in the caller's
         order) on ``device``, ready to run. ``types``: :func:`graph.value_types` of ``model``
         when the caller has them; ``reuse_memory=False`` when the forward's outputs outlive the
-        backward (see :func:`_binding.make_session`)."""
+        backward (see :func:`_binding.make_session`); ``threads``: its intra-op threads (None:
+        onnxruntime's default)."""
         ...
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +15,7 @@ import numpy as np
 from onnx import ModelProto
 
 from . import _batchnorm as batchnorm
-from ._binding import make_session
+from ._binding import count_input_values, cpu_threads, make_session
 from ._cache import MAX_CACHED_MODEL_BYTES, LRUCache, model_digest
 from ._data import DataSpec, check_fit_arrays, feature_spec
 from ._exported import warn_exported_graph
@@ -67,6 +68,11 @@ class GraphInputs:
 MAX_CACHED_FIT_GRAPHS = 16
 
 
+def validation_rows(validation: Sequence[Any]) -> int:
+    """The rows of checked validation arrays (features first; dense or sparse)."""
+    return int(validation[0].shape[0])
+
+
 @dataclass
 class FitGraphs:
     """A trainer's graphs for one model content and one set of graph-shaping parameters, built
@@ -87,7 +93,7 @@ class FitGraphs:
         The roles of its inputs.
     trainable : onnx.ModelProto
         The loss graph with the trained weights as inputs.
-    evaluators : dict of str to session
+    evaluators : dict of (str, int or None) to session
         The loss graph's session per device (the validation loss).
     """
 
@@ -97,7 +103,7 @@ class FitGraphs:
     loss_name: str
     inputs: GraphInputs
     trainable: ModelProto
-    evaluators: dict[str, Any] = field(default_factory=dict)
+    evaluators: dict[tuple[str, int | None], Any] = field(default_factory=dict)
 
     def for_trainer(self) -> FitGraphs:
         """A copy for one trainer: the graphs (and the properties computed so far) shared,
@@ -208,7 +214,7 @@ class LossGraphTrainer(BaseOrtTrainer):
         state = self._current_state()
         for name in [*inputs.parameters, *inputs.statistics]:
             feeds[name] = state.weights[name]
-        session = self._evaluator(parse_device(self.device))
+        session = self._evaluator(parse_device(self.device), validation_rows(data))
         loss = float(np.asarray(session.run([graphs.loss_name], feeds, None)[0]))
         if get_metadata(graphs.loss_model, "reduction") == "sum":
             weights = data[-1] if inputs.sample_weight is not None else None
@@ -339,9 +345,11 @@ class LossGraphTrainer(BaseOrtTrainer):
     def _fingerprint(self) -> str:
         return self._fit_graphs().fingerprint
 
-    def _evaluator(self, device: Device) -> Any:
-        evaluators = self._fit_graphs().evaluators
-        key = str(device)
-        if key not in evaluators:
-            evaluators[key] = make_session(self._fit_graphs().evaluating, device)
-        return evaluators[key]
+    def _evaluator(self, device: Device, rows: int) -> Any:
+        """The loss session for ``rows`` rows (one thread for small work, as the steps)."""
+        graphs = self._fit_graphs()
+        threads = cpu_threads(device, rows, count_input_values(graphs.evaluating, graphs.inputs.parameters))
+        key = (str(device), threads)
+        if key not in graphs.evaluators:
+            graphs.evaluators[key] = make_session(graphs.evaluating, device, threads=threads)
+        return graphs.evaluators[key]

@@ -146,6 +146,7 @@ class OrtTrainingBackend:
         device: Device,
         types: Mapping[str, int] | None = None,
         reuse_memory: bool = True,
+        threads: int | None = None,
     ) -> TrainingAgentRunner:
         """The forward/backward pair of ``model`` (OrtModuleGraphBuilder) with its TrainingAgent.
 
@@ -164,6 +165,8 @@ class OrtTrainingBackend:
         reuse_memory : bool, default=True
             False when the forward's outputs outlive the backward (see
             :func:`~._binding.make_session`).
+        threads : int or None, default=None
+            The session's intra-op threads (None: onnxruntime's default).
 
         Returns
         -------
@@ -180,7 +183,7 @@ class OrtTrainingBackend:
         if device.kind == "cpu" and weights:
             elem_type = types.get(weights[0], onnx.TensorProto.FLOAT)
             graphs.gradient_model = cpu_gradient_rewrites(graphs.gradient_model, elem_type)
-        session = make_session(graphs.gradient_model, device, reuse_memory=reuse_memory)
+        session = make_session(graphs.gradient_model, device, threads=threads, reuse_memory=reuse_memory)
         return TrainingAgentRunner(graphs, session, device)
 
 

@@ -3,7 +3,6 @@ loss, backward and the update of weights and optimizer states (the fused step gr
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -12,11 +11,11 @@ from typing import Any, NamedTuple
 import numpy as np
 from onnx import ModelProto, helper
 
-from ._binding import CachedBinding, make_session
+from ._binding import CachedBinding, count_input_values, cpu_threads, make_session
 from ._cache import LRUCache, model_digest
 from ._data import BatchStore
 from ._gradient import FusedStepSignature, GradientBackend, default_backend
-from ._loss_trainer import FitGraphs, LossGraphTrainer
+from ._loss_trainer import FitGraphs, LossGraphTrainer, validation_rows
 from ._runner import MAX_PREBOUND_BATCHES, DoubleBufferedRunner, host_ortvalue
 from ._runtime import Device
 from .callbacks import Callback
@@ -27,15 +26,6 @@ from .graph import (
     set_batch_dimension,
 )
 from .learning_rate import BaseLearningRate
-
-#: On CPU, a fused graph whose batch x trained weight values is at most this runs on one
-#: intra-op thread: its step is dozens of small kernels, and splitting them costs more than it
-#: saves. benchmarks/bench_threads.py (MLPs and small CNNs, docs/benchmarks.md): one thread was
-#: as fast or faster at every size up to 9.2e6 (MLPs) and for every CNN; the thread pool first
-#: won at 2.7e7. Batch x weights stays the measure: a FLOP count makes convolutions look large,
-#: and they gained least from the threads
-CPU_ONE_THREAD_MAX_WORK = 10_000_000
-
 
 MAX_CACHED_FUSED_GRAPHS = 32
 #: fused graphs built in this process, by (trainable graph, loss, weights, batch, learning rate,
@@ -84,8 +74,7 @@ def fused_step_graph(
 
     def build() -> tuple[ModelProto, FusedStepSignature, int | None]:
         graph, sig = backend.fused_step(model, loss_name, weights, lr, device)
-        small = device.kind == "cpu" and batch * _n_values(graph, sig.weights) <= CPU_ONE_THREAD_MAX_WORK
-        return graph, sig, 1 if small else None
+        return graph, sig, cpu_threads(device, batch, count_input_values(graph, sig.weights))
 
     return _FUSED_GRAPHS.get_or_build(key, build)
 
@@ -290,7 +279,7 @@ class OrtGradientOptimizer(LossGraphTrainer):
     ) -> _FusedRunner:
         sizes = sorted({e - s for s, e in store.bounds})
         graphs = {size: self._fused(size, device, lr, unit_weights) for size in sizes}
-        evaluator = self._evaluator(device) if validation is not None else None
+        evaluator = self._evaluator(device, validation_rows(validation)) if validation is not None else None
         fit_graphs = self._graphs()
         inputs = fit_graphs.inputs
         # the batches carry no weight column then; the validation data keep theirs
@@ -317,14 +306,6 @@ def _unit_weights(model: ModelProto, weight: str) -> ModelProto:
     shape = [max(d.dim_value, 1) for d in tt.shape.dim]
     ones = np.ones(shape, dtype=helper.tensor_dtype_to_np_dtype(tt.elem_type))
     return inputs_to_initializers(model, {weight: ones})
-
-
-def _n_values(model: ModelProto, names: Sequence[str]) -> float:
-    """How many values the graph inputs ``names`` hold together (inf if a dimension is unknown)."""
-    dims = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
-    if any(d < 1 for n in names for d in dims[n]):
-        return math.inf
-    return float(sum(math.prod(dims[n]) for n in names))
 
 
 class _FusedRunner(DoubleBufferedRunner):

@@ -5,6 +5,7 @@ is the one the full loop uses; only the step differs."""
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ import onnx
 from onnx import ModelProto, helper
 
 from . import _batchnorm as batchnorm
-from ._binding import DeviceArray, io_binding, make_session
+from ._binding import DeviceArray, count_input_values, cpu_threads, io_binding, make_session
 from ._builder import unique_name
 from ._data import BatchStore
 from ._gradient import (
@@ -25,7 +26,7 @@ from ._gradient import (
     build_update_graph,
     default_backend,
 )
-from ._loss_trainer import FitGraphs, LossGraphTrainer
+from ._loss_trainer import FitGraphs, LossGraphTrainer, validation_rows
 from ._runner import DoubleBufferedRunner, host_ortvalue
 from ._runtime import Device
 from .callbacks import Callback
@@ -295,8 +296,10 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
         key = (str(device), batch)
         if key not in graphs.forward_backward:
             model = set_batch_dimension(graphs.forward[0], graphs.inputs.features, batch)
+            weights = set(graphs.inputs.parameters)
+            values = sum(math.prod(i.dims) for i in model.graph.initializer if i.name in weights)
             graphs.forward_backward[key] = default_backend().forward_backward(
-                model, graphs.inputs.parameters, [], device
+                model, graphs.inputs.parameters, [], device, threads=cpu_threads(device, batch, values)
             )
         return graphs.forward_backward[key]
 
@@ -307,7 +310,11 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
             pred = graphs.prediction.graph.output[self.output_index].name
             pred_type, pred_shape = output_shape(graphs.prediction, pred)
             model = build_loss_gradient_graph(self._loss(), pred_type, pred_shape, batch, self.reduction)
-            graphs.loss_gradients[key] = LossGradient(model, make_session(model, device))
+            # elementwise work on the predictions: the steps' one-thread rule, outputs as weights
+            per_row = pred_shape[1:]
+            outputs = math.prod(per_row) if all(isinstance(d, int) and d > 0 for d in per_row) else math.inf
+            threads = cpu_threads(device, batch, outputs)
+            graphs.loss_gradients[key] = LossGradient(model, make_session(model, device, threads=threads))
         return graphs.loss_gradients[key]
 
     def _update(self, device: Device, lr: BaseLearningRate) -> Update:
@@ -324,7 +331,8 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
                 else default_penalized_weights(graphs.loss_model, weights)
             )
             model, sig = build_update_graph(spec, lr, penalty, penalized)
-            graphs.updates[key] = Update(model, sig, make_session(model, device))
+            threads = cpu_threads(device, 1, count_input_values(model, weights))
+            graphs.updates[key] = Update(model, sig, make_session(model, device, threads=threads))
         return graphs.updates[key]
 
     def get_trained_onnx(self, with_probability: bool = False) -> ModelProto:
@@ -390,7 +398,7 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
             {size: self._loss_gradient(size, device).session for size in sizes},
             self._update(device, lr),
             self.output_index,
-            self._evaluator(device) if validation is not None else None,
+            self._evaluator(device, validation_rows(validation)) if validation is not None else None,
             validation,
             graphs.loss_name,
             graphs.inputs.data,

@@ -10,7 +10,7 @@ import math
 import os
 import warnings
 from numbers import Integral, Real
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 from onnx import ModelProto
@@ -36,13 +36,36 @@ from ort_train_core import (
     initializers_to_inputs,
     parse_device,
 )
+from ort_train_core._binding import count_weight_values, cpu_threads
 from ort_train_core._cache import MAX_CACHED_MODEL_BYTES, LRUCache, model_digest
 from ort_train_core._data import dense_rows, is_sparse, sparse_as
+from ort_train_core._runtime import Device
 from ort_train_core.graph import initializer_values, inputs_to_initializers
 
 from ._graphs import classifier_head, probabilities
 
 _Estimator = TypeVar("_Estimator", bound="OrtEstimatorMixin")
+
+
+class _Sessions(NamedTuple):
+    """A graph's sessions by intra-op thread count (None: onnxruntime's default pool)."""
+
+    model: bytes
+    weight_values: float
+    by_threads: dict[int | None, Any]
+
+
+def inference_session(model: bytes, device: Device, threads: int | None) -> Any:
+    """An onnxruntime InferenceSession of ``model`` on ``device`` with ``threads`` intra-op
+    threads (None: onnxruntime's default)."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    return onnxruntime.InferenceSession(model, options, providers=device.providers)
+
+
 #: X (an array, or a tuple of the arrays of several inputs), y and the sample weights (None:
 #: all 1) of a fit
 _Arrays = tuple[Any, np.ndarray, np.ndarray | None]
@@ -202,11 +225,12 @@ class _ValidationScore(Callback):
         """The raw outputs (scores or logits) of ``state``'s weights on the validation rows; the
         session (weights as inputs) is built at the first epoch of a fit and then reused."""
         if self._session is None:
-            import onnxruntime
-
             graph = initializers_to_inputs(trainer.get_trained_onnx(), list(state))
-            self._session = onnxruntime.InferenceSession(
-                graph.SerializeToString(), providers=parse_device(self.estimator.device).providers
+            device = parse_device(self.estimator.device)
+            rows = (self.X[0] if isinstance(self.X, tuple) else self.X).shape[0]
+            values = float(sum(v.size for v in state.values()))
+            self._session = inference_session(
+                graph.SerializeToString(), device, cpu_threads(device, rows, values)
             )
         names = [i.name for i in self._session.get_inputs()]
         if isinstance(self.X, tuple):
@@ -769,16 +793,23 @@ class OrtEstimatorMixin(BaseEstimator):
         )
         dtype = X.dtype
         X = _to_float32("X", X)
+        outputs = _run_dense(self._session(kind, X.shape[0]), X)
+        return [o.astype(dtype) if o.dtype == np.float32 else o for o in outputs]
+
+    def _session(self, kind: str, rows: int) -> Any:
+        """The session computing ``kind``'s graph on ``rows`` rows, made at first use: on one
+        thread where the work is small (the training steps' rule), so that live estimators do
+        not each hold a pool of (cores - 1) idle threads."""
         sessions = self.__dict__.setdefault("_sessions", {})
         if kind not in sessions:
-            import onnxruntime
-
             model = self.to_onnx() if kind == "deploy" else self._trained_graph()
-            sessions[kind] = onnxruntime.InferenceSession(
-                model.SerializeToString(), providers=parse_device(self.device).providers
-            )
-        outputs = _run_dense(sessions[kind], X)
-        return [o.astype(dtype) if o.dtype == np.float32 else o for o in outputs]
+            sessions[kind] = _Sessions(model.SerializeToString(), count_weight_values(model), {})
+        entry = sessions[kind]
+        device = parse_device(self.device)
+        threads = cpu_threads(device, rows, entry.weight_values)
+        if threads not in entry.by_threads:
+            entry.by_threads[threads] = inference_session(entry.model, device, threads)
+        return entry.by_threads[threads]
 
     def __sklearn_tags__(self) -> Any:
         tags = super().__sklearn_tags__()

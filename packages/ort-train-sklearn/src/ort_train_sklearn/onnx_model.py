@@ -21,7 +21,6 @@ from ort_train_core import (
     LearningRateSGDNesterov,
     cast_checked,
     load_model,
-    parse_device,
 )
 from ort_train_core._data import check_features, feature_spec
 from ort_train_core.graph import default_penalized_weights
@@ -180,16 +179,9 @@ class _OnnxModelBase(OrtEstimatorMixin):
         if specs is None:
             return super()._run(kind, X)
         check_is_fitted(self, "_trainer")
-        feeds = {spec.name: a for spec, a in zip(specs, check_features(specs, X))}
-        sessions = self.__dict__.setdefault("_sessions", {})
-        if kind not in sessions:
-            import onnxruntime
-
-            model = self.to_onnx() if kind == "deploy" else self._trained_graph()
-            sessions[kind] = onnxruntime.InferenceSession(
-                model.SerializeToString(), providers=parse_device(self.device).providers
-            )
-        outputs: list[np.ndarray] = sessions[kind].run(None, feeds)
+        arrays = check_features(specs, X)
+        feeds = {spec.name: a for spec, a in zip(specs, arrays)}
+        outputs: list[np.ndarray] = self._session(kind, arrays[0].shape[0]).run(None, feeds)
         return outputs
 
 
