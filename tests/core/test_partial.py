@@ -660,7 +660,8 @@ def test_save_onnx_graph_writes_loadable_graphs(tmp_path: Any) -> None:
 
 # ---- 7. validation ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("weighted_validation", [False, True])
-def test_validation_losses_are_the_numpy_objective(weighted_validation: bool) -> None:
+def test_validation_losses_are_the_numpy_loss_without_penalty(weighted_validation: bool) -> None:
+    # the trainer is penalised; its validation losses measure the fit to data only (as score)
     model = make_model("mlp")
     start = initializers(model)
     X, y, _ = regression_data()
@@ -668,7 +669,7 @@ def test_validation_losses_are_the_numpy_objective(weighted_validation: bool) ->
     trainer = partial_trainer(model, LOSSES["elastic"][0](), "nesterov", True)
     trainer.fit(X, y, X_val=X_val, y_val=y_val, sample_weight_val=sw_val if weighted_validation else None)
     score = ref.Score("elastic", LOSSES["elastic"][2])
-    problem = ref.Problem("mlp", "identity", score, ref_penalty("mlp", True))
+    problem = ref.Problem("mlp", "identity", score)
     s_val = sw_val.astype(np.float64) if weighted_validation else np.ones(len(X_val))
     expected = []
     for epochs in range(1, N_EPOCHS + 1):

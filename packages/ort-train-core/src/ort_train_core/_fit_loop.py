@@ -105,7 +105,8 @@ class BaseOrtTrainer(ParamsMixin):
     train_losses_ : list of float
         The training objective of each epoch.
     validation_losses_ : list of float
-        The validation loss of each epoch (empty without validation data).
+        The validation loss of each epoch (empty without validation data), without the
+        penalty :func:`add_loss_output` or ``learning_penalty`` adds.
     """
 
     model_onnx: ModelProto

@@ -30,6 +30,7 @@ from .graph import (
     initializers_to_inputs,
     nothing_to_train_error,
     prediction_graph,
+    without_penalty,
 )
 from .learning_rate import BaseLearningRate
 
@@ -132,16 +133,17 @@ class FitGraphs:
 
     @functools.cached_property
     def evaluating(self) -> ModelProto:
-        """The loss graph of the validation loss (and of ``score``): trained weights and running
-        statistics as inputs, in inference form as torch's eval() (BatchNormalization normalising
-        with the running statistics, Dropout the identity), so that it is deterministic."""
+        """The loss graph of the validation loss (and of ``score``): the loss without its
+        penalty, trained weights and running statistics as inputs, in inference form as
+        torch's eval() (BatchNormalization normalising with the running statistics, Dropout the
+        identity), so that it is deterministic."""
         stats = self.inputs.statistics
         model = (
             initializers_to_inputs(self.loss_model, [*self.inputs.parameters, *stats])
             if stats
             else self.trainable
         )
-        return batchnorm.inference_form(model)
+        return batchnorm.inference_form(without_penalty(model, self.loss_name))
 
     @functools.cached_property
     def fingerprint(self) -> str:
@@ -186,8 +188,11 @@ class LossGraphTrainer(BaseOrtTrainer):
         """Minus the mean loss of the current weights on ``(X, y)``: higher is better, as
         scikit-learn's model selection (``GridSearchCV``, ``cross_val_score``) expects.
 
-        The loss is the objective the trainer minimises (the loss graph's output, with its
-        penalty if it has one), computed over all rows at once; with ``reduction='sum'`` it is
+        The loss is the loss graph's output without the penalty that :func:`add_loss_output`
+        (or the partial loop's ``learning_penalty``) adds, as scikit-learn's scores and
+        onnxcustom's measure the fit to data only (a penalty term would make a search over
+        penalty strengths prefer the weakest); a penalty built into the graph by hand stays.
+        It is computed over all rows at once; with ``reduction='sum'`` it is
         divided by the number of rows (or the total sample weight). Before any fit, the
         graph's initial weights are scored.
 

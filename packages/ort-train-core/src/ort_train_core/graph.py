@@ -7,6 +7,7 @@ ort-train-torch) and users build on; the other functions serve core's trainers.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -267,8 +268,13 @@ def add_loss_output(
     if label_name is None:
         label_name = _free_name(all_names(model), "label")
     names = (loss_name, label_name, weight_name)
-    pred_shape = _append_loss(model, loss, names, penalty, output_index, reduction)
+    pred_shape, data_loss = _append_loss(model, loss, names, penalty, output_index, reduction)
     _record_loss(model, score_name, loss, names, pred_shape, reduction)
+    if data_loss is not None:
+        # score and the validation losses measure the fit to data, without the penalty (as
+        # scikit-learn's scores and onnxcustom's): a penalty term would make a model selection
+        # over penalty strengths prefer the weakest
+        set_metadata(model, "data_loss_name", data_loss)
     _check_onnx_rules(model)
     return model
 
@@ -336,9 +342,10 @@ def _append_loss(
     penalty: Mapping[str, float | Mapping[str, float] | BaseLearningPenalty] | None,
     output_index: int,
     reduction: str,
-) -> list[Any]:
+) -> tuple[list[Any], str | None]:
     """Adds the objective's nodes, the label (and weight) inputs and the loss as the first
-    output to ``model`` in place; returns the prediction's shape."""
+    output to ``model`` in place; returns the prediction's shape and the name of the loss
+    without its penalty (None: no penalty term)."""
     g = model.graph
     loss_name, label_name, weight_name = names
     pred, pred_type, pred_shape = _prediction(model, output_index)
@@ -350,7 +357,7 @@ def _append_loss(
         if wname not in inits:
             raise ValueError(f"penalty names {wname!r}, which is not an initializer of the graph")
     b = NodeBuilder(pred_type, _opset(model), taken, prefix="loss_")
-    total = reduce_rows(b, loss.row_loss(b, pred, label_name, pred_shape), weight_name, reduction)
+    total = data_loss = reduce_rows(b, loss.row_loss(b, pred, label_name, pred_shape), weight_name, reduction)
     for wname, pen in penalties.items():
         term = pen.penalty_nodes(b, wname)
         if term is not None:
@@ -365,7 +372,7 @@ def _append_loss(
     del g.output[:]
     g.output.append(helper.make_tensor_value_info(loss_name, pred_type, []))
     g.output.extend(outputs)
-    return pred_shape
+    return pred_shape, (data_loss if total != data_loss else None)
 
 
 def _record_loss(
@@ -890,6 +897,38 @@ def initializer_values(model: ModelProto, names: Sequence[str]) -> dict[str, np.
     """
     inits = {i.name: i for i in model.graph.initializer}
     return {n: numpy_helper.to_array(inits[n]).copy() for n in names}
+
+
+def without_penalty(model: ModelProto, loss_name: str) -> ModelProto:
+    """``model`` whose loss output is the loss without the penalty :func:`add_loss_output`
+    added (``model`` itself when it has none): what a score measures.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        A graph made by :func:`add_loss_output` (or any graph: without its metadata, unchanged).
+    loss_name : str
+        Its loss output.
+
+    Returns
+    -------
+    onnx.ModelProto
+        A copy with the loss output read from the unpenalised loss (the penalty's nodes stay,
+        unused; onnxruntime drops them), or ``model``.
+    """
+    data_loss = get_metadata(model, "data_loss_name")
+    if data_loss is None:
+        return model
+    out = copy.deepcopy(model)
+    for node in out.graph.node:
+        if loss_name in node.output:
+            del node.output[:]
+            # the penalised total stays computed under another name; the loss is the data loss
+            node.output.append(unique_name(f"{loss_name}_penalised", all_names(out)))
+            break
+    name = unique_name(f"{loss_name}_unpenalised", {n.name for n in out.graph.node})
+    out.graph.node.append(helper.make_node("Identity", [data_loss], [loss_name], name=name))
+    return out
 
 
 def prune_to_outputs(model: ModelProto, outputs: Sequence[str]) -> ModelProto:
