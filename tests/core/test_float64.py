@@ -84,10 +84,21 @@ def _data(case: ScoreCase) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _reference(
-    model: str, case: ScoreCase, opt: str, weights: dict[str, np.ndarray], data: tuple[Any, ...], eta: float
+    model: str,
+    case: ScoreCase,
+    opt: str,
+    weights: dict[str, np.ndarray],
+    data: tuple[Any, ...],
+    eta: float,
+    scores: bool = False,
 ) -> tuple[dict[str, np.ndarray], list[float]]:
     X, y, sw = data
-    problem = ref.Problem(model, case.head, ref.Score(case.score, dict(case.kwargs)), {}, "mean")
+    kwargs = dict(case.kwargs)
+    if scores and case.score == "log":
+        # the partial loop's log loss reads the scores (log-sigmoid, log-softmax): no clip, the
+        # gradient p - y everywhere; an eps under float64's resolution clips nothing
+        kwargs["eps"] = 1e-300
+    problem = ref.Problem(model, case.head, ref.Score(case.score, kwargs), {}, "mean")
     return ref.train(problem, OPTIMIZERS[opt][0](eta), weights, X, y, sw, N_EPOCHS, BATCH_SIZE)
 
 
@@ -97,7 +108,7 @@ def _check(trainer: Any, expected: dict[str, np.ndarray], losses: list[float], s
     for name, value in got.items():
         assert value.dtype == np.float64, name
         np.testing.assert_allclose(value, expected[name], rtol=RTOL, atol=ATOL, err_msg=name)
-        assert np.abs(value - start[name]).max() > 1e-3, name  # it trained
+        assert np.abs(value - start[name]).max() > 1e-4, name  # it trained
     np.testing.assert_allclose(trainer.train_losses_, losses, rtol=RTOL, atol=ATOL)
 
 
@@ -164,7 +175,7 @@ def test_partial_loop_trains_float64_like_numpy(model: str, score_key: str, opt:
         learning_loss=loss,
         shuffle=False,
     ).fit(*data)
-    expected, losses = _reference(model, case, opt, weights, data, eta)
+    expected, losses = _reference(model, case, opt, weights, data, eta, scores=True)
     _check(trainer, expected, losses, weights)
     _check_trained_graph(trainer.get_trained_onnx(), trainer.get_state(), model, "identity")
 

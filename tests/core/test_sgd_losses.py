@@ -124,7 +124,7 @@ def test_one_step_follows_scikit_learn_loss(name: str, n_out: int, route: str, z
     ("name", "kwargs", "message"),
     [
         ("hinge", {"threshold": -1.0}, "threshold must be >= 0"),
-        ("huber", {"epsilon": 0.0}, "epsilon must be > 0"),
+        ("huber", {"epsilon": -0.1}, "epsilon must be >= 0"),
         ("epsilon_insensitive", {"epsilon": -0.1}, "epsilon must be >= 0"),
     ],
 )

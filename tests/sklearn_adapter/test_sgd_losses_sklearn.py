@@ -204,3 +204,26 @@ def test_squared_hinge_at_default_rates_fits_like_scikit_learn(batch_size: Any) 
     ours = OrtSGDClassifier(loss="squared_hinge", batch_size=batch_size, random_state=0).fit(X, y)
     theirs = SGDClassifier(loss="squared_hinge", random_state=0).fit(X, y)
     assert ours.score(X, y) == pytest.approx(theirs.score(X, y), abs=0.01)
+
+
+def test_huber_with_zero_epsilon_fits_as_scikit_learn():
+    # the parameter check took epsilon=0 (as scikit-learn's) and fit then raised core's
+    # "epsilon must be > 0"; every gradient is 0 then, in both libraries
+    X, y = make_regression(n_samples=100, n_features=4, noise=5, random_state=0)
+    X, y = scale(X), (y - y.mean()) / y.std()
+    kw = dict(loss="huber", epsilon=0.0, random_state=0, shuffle=False, max_iter=3, tol=None)
+    ours, theirs = _fit_both(OrtSGDRegressor(**kw, **ONE), SGDRegressor(**kw), X, y)
+    np.testing.assert_allclose(ours.coef_, theirs.coef_, atol=1e-6)
+    np.testing.assert_allclose(ours.intercept_, theirs.intercept_, atol=1e-6)
+
+
+@pytest.mark.parametrize("Ours", [OrtSGDClassifier, OrtSGDRegressor])
+def test_negative_power_t_is_refused_by_the_parameter_check(Ours):
+    # power_t < 0 passed the parameter check and fit then raised "alpha and power_t must be
+    # >= 0", naming alpha's internal scaled value; scikit-learn deprecated negative values
+    # in 1.8 (FutureWarning: an error from 1.10): refused up front, naming power_t
+    X, y = _binary()
+    with pytest.raises(
+        ValueError, match=r"The 'power_t' parameter of Ort\w+ must be a float in the range \[0"
+    ):
+        Ours(learning_rate="invscaling", power_t=-0.3).fit(X, y)

@@ -225,8 +225,11 @@ class LearningRateSGD(BaseLearningRate):
             )
         if self.per_sample not in (False, True, "epoch"):
             raise ValueError(f"per_sample must be False, True or 'epoch', got {self.per_sample!r}")
-        if self.alpha < 0 or self.power_t < 0:
-            raise ValueError(f"alpha and power_t must be >= 0, got {self.alpha}, {self.power_t}")
+        if self.alpha < 0:
+            raise ValueError(f"alpha must be >= 0, got {self.alpha}")
+        # a negative power_t grows the rate: scikit-learn deprecated it in 1.8 (an error in 1.10)
+        if not self.power_t >= 0:
+            raise ValueError(f"power_t must be >= 0, got {self.power_t}")
 
     def eta(self, epoch: int) -> float:
         """The learning rate at ``t = epoch`` (at sample ``epoch`` when ``per_sample``).

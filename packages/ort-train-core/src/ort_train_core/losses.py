@@ -198,8 +198,13 @@ def _one_hot(b: NodeBuilder, label: str, n_cols: int) -> str:
 
 
 class NegLogLearningLoss(BaseLearningLoss):
-    """Log loss ``l = -log p``, ``p`` the probability of the true class clipped to
-    ``[eps, 1 - eps]`` (the name ``'log'``).
+    """Log loss ``l = -log p``, ``p`` the probability of the true class (the name ``'log'``).
+
+    With ``probability_function='sigmoid'`` or ``'softmax'`` it is computed from the scores
+    (log-sigmoid, log-softmax): exact at any score, with the gradient ``p - y`` of
+    onnxcustom's. With ``'none'`` (probabilities given), ``p`` is clipped to
+    ``[eps, 1 - eps]`` first; a row whose true-class probability is under ``eps`` then gives no
+    gradient.
 
     A prediction of one column holds the probability of class 1; one of several columns, a
     probability per class. The label holds class indices (int64).
@@ -207,7 +212,7 @@ class NegLogLearningLoss(BaseLearningLoss):
     Parameters
     ----------
     eps : float, default=1e-5
-        The clipping bound, in ``(0, 0.5)``.
+        The clipping bound of probabilities (``probability_function='none'``), in ``(0, 0.5)``.
     probability_function : {'sigmoid', 'softmax', 'none'}, default='sigmoid'
         How the loss turns the prediction into probabilities first: raw scores go through
         ``'sigmoid'`` or ``'softmax'``; ``'none'`` reads probabilities as they are
@@ -236,10 +241,22 @@ class NegLogLearningLoss(BaseLearningLoss):
 
     def row_loss(self, b: NodeBuilder, pred: str, label: str, pred_shape: list[int | None]) -> str:
         n_cols = _n_columns(pred_shape)
+        if self.probability_function == "softmax" or (self.probability_function == "sigmoid" and n_cols == 1):
+            # from the scores, as log-softmax: clipping the probability zeroed the gradient of
+            # every row whose true-class probability fell under eps (|score| > 11.5 at eps=1e-5),
+            # so confidently wrong rows stopped teaching; onnxcustom's gradient was p - y there
+            return CrossEntropyLearningLoss().row_loss(b, pred, label, pred_shape)
         if self.probability_function == "sigmoid":
-            pred = b.op("Sigmoid", [pred], "proba")
-        elif self.probability_function == "softmax":
-            pred = b.op("Softmax", [pred], "proba", axis=1)
+            # a sigmoid per class: -log sigmoid(z_y) = -log_softmax([0, z_y])[1], likewise
+            if n_cols is None:
+                raise ValueError("the 'log' loss needs the number of classes (the prediction's dim 1)")
+            z_true = b.reduce("ReduceSum", b.op("Mul", [_one_hot(b, label, n_cols), pred]), [1], 1, "z_true")
+            zero = b.op("Sub", [z_true, z_true], "zero_logit")
+            logits = b.op("Concat", [zero, z_true], "true_logits", axis=1)
+            logp = b.op("LogSoftmax", [logits], "log_sigmoid", axis=1)
+            column = b.const(np.array(1, dtype=np.int64), "true_column", dtype=np.int64)
+            picked = b.op("Gather", [logp, column], "log_p_true", axis=1)
+            return b.op("Neg", [picked], "nll")
         p = b.op("Clip", [pred, b.const(self.eps, "eps"), b.const(1.0 - self.eps, "one_m_eps")], "p")
         if n_cols == 1:
             y = _float_label_like(b, label, pred_shape)
@@ -517,8 +534,9 @@ class HuberLearningLoss(_ElementwiseLoss):
         self.epsilon = epsilon
 
     def validate(self) -> None:
-        if not self.epsilon > 0:
-            raise ValueError(f"epsilon must be > 0, got {self.epsilon}")
+        # 0 is allowed, as scikit-learn's SGDRegressor allows it: every gradient is then 0
+        if not self.epsilon >= 0:
+            raise ValueError(f"epsilon must be >= 0, got {self.epsilon}")
 
     def element_loss(self, b: NodeBuilder, diff: str) -> str:
         a = b.op("Abs", [diff], "abs")

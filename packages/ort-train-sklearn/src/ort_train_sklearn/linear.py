@@ -148,7 +148,8 @@ class _OrtSGDBase(OrtEstimatorMixin):
         "fit_intercept": ["boolean"],
         "learning_rate": [StrOptions({"constant", "optimal", "invscaling", "adaptive"})],
         "eta0": [Interval(Real, 0, None, closed="neither")],
-        "power_t": [Interval(Real, None, None, closed="neither")],
+        # negative values grow the rate: deprecated in scikit-learn 1.8, an error from 1.10
+        "power_t": [Interval(Real, 0, None, closed="left")],
         "batch_size": [Interval(Integral, 1, None, closed="left"), StrOptions({"auto"})],
         "average": ["boolean", Interval(Integral, 0, None, closed="left")],
     }
