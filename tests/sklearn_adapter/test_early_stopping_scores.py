@@ -4,17 +4,27 @@ regressor) of each epoch, the fit stops by scikit-learn's rule on that score and
 the weights of the best epoch; ``loss_`` and ``t_`` as scikit-learn's.
 
 References: scikit-learn's metrics on the validation rows the estimator held out (recorded from
-its call to ``train_test_split``) and scikit-learn's documented stopping rule, replayed here."""
+its split) and scikit-learn's documented stopping rule, replayed here; the split itself against
+scikit-learn's estimators."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
 import pytest
-from sklearn.datasets import load_breast_cancer, load_diabetes
+from sklearn.datasets import (
+    load_breast_cancer,
+    load_diabetes,
+    load_iris,
+    make_classification,
+    make_regression,
+)
 from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import SGDClassifier, SGDRegressor
 from sklearn.metrics import accuracy_score, r2_score
+from sklearn.neural_network import MLPClassifier, MLPRegressor
 from sklearn.preprocessing import scale
 
 import ort_train_sklearn._base as base
@@ -23,17 +33,16 @@ from ort_train_sklearn import OrtMLPClassifier, OrtMLPRegressor, OrtSGDClassifie
 
 @pytest.fixture
 def held_out(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """The validation rows of the next fit, as train_test_split returned them."""
+    """The validation rows of the next fit, as the estimator split them off."""
     record: dict[str, Any] = {}
-    real = base.train_test_split
+    real = base.OrtEstimatorMixin._split_validation
 
-    def spy(*arrays: Any, **kwargs: Any) -> Any:
-        out = real(*arrays, **kwargs)
-        record["X_val"], record["y_val"] = out[1], out[3]
-        record["n_train"] = len(out[0])
+    def spy(self: Any, *args: Any) -> Any:
+        (_, y, _), (X_val, y_val, _) = out = real(self, *args)
+        record["X_val"], record["y_val"], record["n_train"] = X_val, y_val, len(y)
         return out
 
-    monkeypatch.setattr(base, "train_test_split", spy)
+    monkeypatch.setattr(base.OrtEstimatorMixin, "_split_validation", spy)
     return record
 
 
@@ -120,3 +129,44 @@ def test_sgd_early_stopping_monitors_the_score(held_out: dict[str, Any]) -> None
             stop = epoch + 1
             break
     assert est.n_iter_ == stop
+
+
+SPLIT_CASES = {
+    "sgd-binary": (OrtSGDClassifier, SGDClassifier, "binary", dict(batch_size=1)),
+    "sgd-regressor": (OrtSGDRegressor, SGDRegressor, "regression", dict(batch_size=1)),
+    "mlp-binary": (OrtMLPClassifier, MLPClassifier, "binary", {}),
+    "mlp-multiclass": (OrtMLPClassifier, MLPClassifier, "multiclass", {}),
+    "mlp-regressor": (OrtMLPRegressor, MLPRegressor, "regression", {}),
+}
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("case", list(SPLIT_CASES))
+def test_early_stopping_holds_out_scikit_learns_rows(case: str, weighted: bool) -> None:
+    # the split was train_test_split(random_state=rng.randint(...)), stratified for every
+    # classifier: other validation rows than scikit-learn's, so another stopping epoch (SGD
+    # binary: 14 epochs for SGDClassifier's 8). scikit-learn's SGD uses (Stratified)ShuffleSplit
+    # seeded with random_state and keeps the row order; its MLPs train_test_split with their
+    # random state after the initial weights, stratified for a single label column only
+    Ours, Theirs, kind, extra = SPLIT_CASES[case]
+    if kind == "regression":
+        X, y = make_regression(n_samples=150, n_features=5, noise=3.0, random_state=0)
+        y = y / y.std()
+    elif kind == "binary":
+        X, y = make_classification(n_samples=150, n_features=5, random_state=0)
+    else:
+        X, y = load_iris(return_X_y=True)
+        X = scale(X)
+    sw = np.random.default_rng(1).uniform(0.5, 2.0, len(y)) if weighted else None
+    kw: dict[str, Any] = dict(early_stopping=True, shuffle=False, random_state=0)
+    if Ours in (OrtMLPClassifier, OrtMLPRegressor):
+        kw.update(hidden_layer_sizes=(8,), max_iter=300)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        ours = Ours(**kw, **extra).fit(X, y, sample_weight=sw)
+        theirs = Theirs(**kw).fit(X, y, sample_weight=sw)
+    assert ours.n_iter_ == theirs.n_iter_
+    if hasattr(theirs, "best_validation_score_"):
+        np.testing.assert_allclose(ours.best_validation_score_, theirs.best_validation_score_, atol=1e-6)
+    if hasattr(theirs, "coef_"):
+        np.testing.assert_allclose(ours.coef_, theirs.coef_, rtol=1e-3, atol=1e-4)

@@ -341,6 +341,10 @@ class OrtEstimatorMixin(BaseEstimator):
     def _batch_size(self, n_samples: int) -> int:
         raise NotImplementedError
 
+    def _fitted_dtype(self) -> np.dtype[Any]:
+        """The float type of the fitted weights: the last fit's X (float64 before any)."""
+        return np.dtype(getattr(self, "_weights_dtype", np.float64))
+
     def _store_weights(self, weights: dict[str, np.ndarray]) -> None:
         """Sets the fitted attributes scikit-learn names (coef_, coefs_, ...)."""
         raise NotImplementedError
@@ -472,6 +476,9 @@ class OrtEstimatorMixin(BaseEstimator):
     ) -> _Estimator:
         """fit, partial_fit (``incremental``: one epoch, no validation split) and resume."""
         first = not ((incremental or self.warm_start) and hasattr(self, "_trainer")) or resume
+        if incremental and self.early_stopping:
+            # as scikit-learn's: one epoch over the given rows has no validation split to watch
+            raise ValueError("partial_fit does not support early_stopping=True; set early_stopping=False")
         if self._full_batch() and (self.checkpoint_dir is not None or resume):
             raise ValueError("checkpoint_dir and resume() need a stochastic solver ('sgd' or 'adam')")
         if self.early_stopping and not incremental and (self.checkpoint_dir is not None or resume):
@@ -576,6 +583,9 @@ class OrtEstimatorMixin(BaseEstimator):
             multi_output=self._multi_output,
             y_numeric=not self._is_classifier,
         )
+        # the fitted weights take X's float type, as scikit-learn's SGD and MLP estimators keep
+        # float32 data in float32 (the training itself runs in float32 either way)
+        self._weights_dtype = X.dtype
         X = _to_float32("X", X)
         y_enc, n_outputs = self._prepare_targets(y, first, classes)
         if sample_weight is None:
@@ -599,17 +609,9 @@ class OrtEstimatorMixin(BaseEstimator):
         """(training, validation) rows for early stopping: ``validation_fraction`` of them,
         stratified for classifiers, drawn from ``rng``."""
         features = list(X) if isinstance(X, tuple) else [X]  # several inputs: a tuple of arrays
-        split = train_test_split(
-            *features,
-            y_enc,
-            *([] if sw is None else [sw]),
-            test_size=self.validation_fraction,
-            random_state=rng.randint(2**31 - 1),
-            # scikit-learn stratifies one label column, not multilabel indicators
-            stratify=y_enc if self._is_classifier and y_enc.ndim == 1 else None,
-        )
-        # train_test_split returns (train, test) of each array in turn
-        train, test = split[0::2], split[1::2]
+        idx_train, idx_val = self._validation_indices(y_enc, rng)
+        arrays = [*features, y_enc, *([] if sw is None else [sw])]
+        train, test = [a[idx_train] for a in arrays], [a[idx_val] for a in arrays]  # dense or CSR
         k = len(features)
         X, X_val = (tuple(train[:k]), tuple(test[:k])) if isinstance(X, tuple) else (train[0], test[0])
         y_enc, y_val = train[k], test[k]
@@ -622,6 +624,22 @@ class OrtEstimatorMixin(BaseEstimator):
             )
         sw, sw_val = (train[k + 1], test[k + 1]) if sw is not None else (None, None)
         return (X, y_enc, sw), (X_val, y_val, sw_val)
+
+    def _validation_indices(
+        self, y_enc: np.ndarray, rng: np.random.RandomState
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(training, validation) row indices, as scikit-learn's MLPs draw them:
+        ``train_test_split`` with the estimator's random state after the initial weights took
+        their draws, stratified for a single label column (binary: not for a one-hot
+        multiclass or multilabel target, which scikit-learn's MLP splits)."""
+        stratify = self._is_classifier and y_enc.ndim == 1 and len(np.unique(y_enc)) <= 2
+        train, test = train_test_split(
+            np.arange(len(y_enc)),
+            test_size=self.validation_fraction,
+            random_state=rng,
+            stratify=y_enc if stratify else None,
+        )
+        return train, test
 
     def _train(self, run: Any, data: _Arrays, validation: _Arrays | None) -> None:
         """Runs the trainer's fit (or resume) with scikit-learn's ConvergenceWarning in place of

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from onnx import ModelProto
 from sklearn.base import ClassifierMixin, RegressorMixin
+from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
 from sklearn.utils._available_if import available_if
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.class_weight import compute_class_weight
@@ -193,6 +194,16 @@ class _OrtSGDBase(OrtEstimatorMixin):
         # scikit-learn starts SGD from zeros
         return dense_graph([np.zeros((n_features, n_outputs))], [np.zeros(n_outputs)])
 
+    def _validation_indices(
+        self, y_enc: np.ndarray, rng: np.random.RandomState
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """scikit-learn's SGD split: (Stratified)ShuffleSplit seeded with ``random_state``
+        itself, rows kept in their order (a mask over the data)."""
+        splitter = StratifiedShuffleSplit if self._is_classifier else ShuffleSplit
+        cv = splitter(test_size=self.validation_fraction, random_state=self.random_state)
+        train, test = next(cv.split(np.zeros((len(y_enc), 1)), y_enc if self._is_classifier else None))
+        return np.sort(train), np.sort(test)
+
     def _trained_weights(self, model: ModelProto) -> list[str]:
         coef, intercept = layer_names(1)[0]
         return [coef, intercept] if self.fit_intercept else [coef]
@@ -363,8 +374,8 @@ class OrtSGDRegressor(OrtRegressorMixin, RegressorMixin, _OrtSGDBase):
         return loss, loss, 1.0
 
     def _store_linear(self, coef: np.ndarray, intercept: np.ndarray) -> None:
-        self.coef_ = coef.ravel().astype(np.float64)
-        self.intercept_ = np.asarray(intercept, dtype=np.float64).reshape(-1)
+        self.coef_ = coef.ravel().astype(self._fitted_dtype())
+        self.intercept_ = np.asarray(intercept, dtype=np.float64).reshape(-1)  # float64 as scikit-learn
 
 
 @fill_doc(_SGD_ENTRIES)
@@ -580,5 +591,5 @@ class OrtSGDClassifier(OrtClassifierMixin, ClassifierMixin, _OrtSGDBase):
         return labels
 
     def _store_linear(self, coef: np.ndarray, intercept: np.ndarray) -> None:
-        self.coef_ = np.atleast_2d(coef).astype(np.float64)
-        self.intercept_ = np.asarray(intercept, dtype=np.float64).reshape(-1)
+        self.coef_ = np.atleast_2d(coef).astype(self._fitted_dtype())
+        self.intercept_ = np.asarray(intercept, dtype=np.float64).reshape(-1)  # float64 as scikit-learn

@@ -279,8 +279,9 @@ class _OrtMLPBase(OrtEstimatorMixin):
 
     def _store_weights(self, weights: dict[str, np.ndarray]) -> None:
         names = layer_names(self._n_layers())
-        self.coefs_ = [weights[c].astype(np.float64) for c, _ in names]
-        self.intercepts_ = [weights[b].astype(np.float64).reshape(-1) for _, b in names]
+        dtype = self._fitted_dtype()
+        self.coefs_ = [weights[c].astype(dtype) for c, _ in names]
+        self.intercepts_ = [weights[b].astype(dtype).reshape(-1) for _, b in names]
         self.n_layers_ = len(self.coefs_) + 1
         self.n_outputs_ = self.coefs_[-1].shape[1]
         if not self._is_classifier:

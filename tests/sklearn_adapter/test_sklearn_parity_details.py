@@ -1,0 +1,58 @@
+"""Details where the drop-ins followed scikit-learn loosely (found by a scikit-learn user's
+review): the fitted weights' float type (coef_ as X, the SGD intercept_ float64 as
+scikit-learn's), partial_fit with early_stopping."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from sklearn.datasets import make_classification
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import SGDClassifier, SGDRegressor
+from sklearn.neural_network import MLPClassifier, MLPRegressor
+
+from ort_train_sklearn import OrtMLPClassifier, OrtMLPRegressor, OrtSGDClassifier, OrtSGDRegressor
+
+PAIRS = [
+    (OrtSGDClassifier, SGDClassifier),
+    (OrtSGDRegressor, SGDRegressor),
+    (OrtMLPClassifier, MLPClassifier),
+    (OrtMLPRegressor, MLPRegressor),
+]
+
+
+def _data(dtype: type) -> tuple[np.ndarray, np.ndarray]:
+    X, y = make_classification(n_samples=60, n_features=4, random_state=0)
+    return X.astype(dtype), y
+
+
+def _weights(est: object) -> list[np.ndarray]:
+    if hasattr(est, "coefs_"):
+        return [*est.coefs_, *est.intercepts_]
+    return [est.coef_, est.intercept_]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("Ours", "Theirs"), PAIRS)
+def test_fitted_weights_keep_the_float_type_of_x(Ours, Theirs, dtype):
+    # ours were float64 whatever X; scikit-learn keeps float32 data in float32
+    X, y = _data(dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        ours = Ours(max_iter=3, random_state=0).fit(X, y)
+        theirs = Theirs(max_iter=3, random_state=0).fit(X, y)
+    assert [w.dtype for w in _weights(ours)] == [w.dtype for w in _weights(theirs)]
+    assert _weights(theirs)[0].dtype == dtype
+
+
+@pytest.mark.parametrize(("Ours", "Theirs"), PAIRS)
+def test_partial_fit_with_early_stopping_is_refused_as_scikit_learn(Ours, Theirs):
+    # ours trained one epoch silently (n_iter_ 1) where scikit-learn raises a ValueError
+    X, y = _data(np.float64)
+    kwargs = {"classes": np.unique(y)} if "Classifier" in Ours.__name__ else {}
+    with pytest.raises(ValueError, match="early_stopping"):
+        Theirs(early_stopping=True).partial_fit(X, y, **kwargs)
+    with pytest.raises(ValueError, match=r"partial_fit does not support early_stopping=True"):
+        Ours(early_stopping=True).partial_fit(X, y, **kwargs)
