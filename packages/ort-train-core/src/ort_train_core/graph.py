@@ -48,6 +48,8 @@ __all__ = [
 
 #: The highest IR version onnxruntime 1.19 loads.
 MAX_IR_VERSION = 10
+#: the lowest IR version a normalised model keeps (IR 3 graphs are raised to it)
+MIN_IR_VERSION = 4
 #: The highest opset of the default domain onnxruntime 1.19 runs.
 MAX_OPSET = 21
 #: The lowest default-domain opset a model is kept at (older ones are converted up).
@@ -78,7 +80,8 @@ def _opset(model: ModelProto, domain: str = "") -> int:
 
 
 def normalise_model(model: ModelProto) -> ModelProto:
-    """A copy with IR version <= 10 and a default opset in [13, 21], as onnxruntime 1.19 needs.
+    """A copy with IR version in [4, 10] and a default opset in [13, 21], as onnxruntime 1.19
+    and its gradient builder need.
 
     Every model, from a file or in memory, enters here: :func:`._io.validate_model` refuses
     external data, control flow nested too deep and malformed graphs with a ValueError before
@@ -133,6 +136,11 @@ def normalise_model(model: ModelProto) -> ModelProto:
         model = converted
     if model.ir_version > MAX_IR_VERSION or model.ir_version == 0:
         model.ir_version = MAX_IR_VERSION
+    elif model.ir_version < MIN_IR_VERSION:
+        # IR 3 wants every initializer listed as a graph input; those the gradient builder adds
+        # are not ("Cannot find NodeArgs for [Add_Grad/ReduceAxes_for_b_grad]"). From IR 4 an
+        # initializer listed as an input is an input with a default value: the same meaning
+        model.ir_version = MIN_IR_VERSION
     return model
 
 
