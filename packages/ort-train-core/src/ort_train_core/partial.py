@@ -158,8 +158,10 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
         Seed of the shuffling.
     output_index : int, default 0
         The graph output the loss applies to.
-    reduction : {'mean', 'sum'}, default 'mean'
-        The batch loss: the sample-weighted mean or sum of the row losses.
+    reduction : {'mean', 'sum', 'row_mean'}, default 'mean'
+        The batch loss: the sample-weighted mean (``sum(w l) / sum(w)``) or sum of the row
+        losses, or ``'row_mean'``: ``sum(w l) / rows`` (each weight scales its row's step, as
+        onnxcustom's partial loop and scikit-learn's SGD).
     tol : float, optional
         Stop when the loss (validation loss if any, else training) has not improved by ``tol``
         for ``n_iter_no_change`` epochs; None trains ``max_iter`` epochs.
