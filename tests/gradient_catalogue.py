@@ -764,6 +764,23 @@ def _pow_broadcast_base() -> Case:
     return case
 
 
+def _where_broadcast(w_shape: list[int], weight_first: bool) -> Callable[[], Case]:
+    """Where(C, W, X) or Where(C, X, W) with a weight broadcast against the output."""
+
+    def build() -> Case:
+        rng = np.random.default_rng(0)
+        inputs = {"X": _values(rng, [5, 3]), "C": rng.random((5, 3)) < 0.5}
+        pair = ["W", "X"] if weight_first else ["X", "W"]
+
+        def fn(t: Any, x: list[Any], w: dict[str, Any]) -> Any:
+            return t.where(x[1], w["W"], x[0]) if weight_first else t.where(x[1], x[0], w["W"])
+
+        nodes = [helper.make_node("Where", ["C", *pair], ["Y"])]
+        return _form("where", nodes, inputs, {"W": _values(rng, w_shape)}, fn)
+
+    return build
+
+
 def _cumsum() -> Case:
     rng = np.random.default_rng(0)
     inputs, weights = {"X": _values(rng, [5, 3])}, {"W": _values(rng, [3])}
@@ -902,6 +919,10 @@ PINNED_FORMS: dict[str, Callable[[], Case]] = {
     "average_pool_ceil_mode_free_batch": lambda: _average_pool_form(ceil_mode=1),
     # the base's gradient was not reduced over the broadcast axes ([5, 3] for a [3] weight)
     "pow_broadcast_base": _pow_broadcast_base,
+    # the gradient of a broadcast value was not reduced ([5, 3] for a [3] or [1] weight), and
+    # the update failed ("Invalid rank for output")
+    "where_broadcast_weight_first": _where_broadcast([3], weight_first=True),
+    "where_broadcast_weight_second": _where_broadcast([1], weight_first=False),
     # no gradient in onnxruntime: rewritten into Mul/Add/Clip
     "hard_sigmoid": _hard_form("HardSigmoid"),
     "hard_swish": _hard_form("HardSwish"),

@@ -32,6 +32,10 @@ listed here:
   expanded to the output's shape first. An exponent that needs a gradient (onnxruntime has
   none) is refused, naming the weights that reach it.
 
+* ``Where`` with a broadcast value: the same, for a ``[3]`` or ``[1]`` weight as either
+  value under a ``[5, 3]`` condition (the update then failed: "Invalid rank for output"). The
+  differentiated values are expanded to the output's shape first.
+
 * ``HardSigmoid`` and ``HardSwish`` (no gradient in onnxruntime-training): written as
   ``Clip(alpha * x + beta, 0, 1)`` and ``x * Clip(x / 6 + 1 / 2, 0, 1)``.
 * ``LayerNormalization`` without its optional ``Mean``/``InvStdDev`` outputs (both torch
@@ -318,6 +322,24 @@ def _pow(b: NodeBuilder, node: onnx.NodeProto, graph: _Graph) -> None:
     b.nodes.append(helper.make_node("Pow", [expanded, exponent], list(node.output), name=node.name))
 
 
+def _where(b: NodeBuilder, node: onnx.NodeProto, graph: _Graph) -> None:
+    """Where(c, x, y): onnxruntime does not reduce the gradient of a broadcast ``x`` or ``y``
+    over the broadcast axes (a [3] or [1] weight under a [5, 3] output got a [5, 3] gradient,
+    which the update then refused). A differentiated operand is expanded to the output's shape
+    first, Expand(x, Shape(Where(c, x, y))), whose gradient sums back; the Where giving the
+    shape passes no gradient (Shape has none)."""
+    cond, x, y = node.input
+    infos = [graph.infos.get(n) for n in (cond, x, y)]
+    known = [i[1] for i in infos if i is not None and None not in i[1]]
+    if len(known) == 3 and known[0] == known[1] == known[2]:
+        return
+    if x not in graph.reached and y not in graph.reached:
+        return
+    shape = b.op("Shape", [b.op("Where", [cond, x, y], "where_for_shape")], "where_shape")
+    x, y = (b.op("Expand", [v, shape], "where_value") if v in graph.reached else v for v in (x, y))
+    b.nodes.append(helper.make_node("Where", [cond, x, y], list(node.output), name=node.name))
+
+
 def _hard_sigmoid_of(b: NodeBuilder, x: str, alpha: float, beta: float, dtype: Any, out: str) -> None:
     """``out = Clip(alpha * x + beta, 0, 1)``, HardSigmoid's definition."""
     scaled = b.op("Add", [b.op("Mul", [x, b.const(alpha, "alpha", dtype)]), b.const(beta, "beta", dtype)])
@@ -383,6 +405,7 @@ _REWRITERS: dict[str, Rewriter] = {
     "Slice": _reversing_slice,
     "AveragePool": _average_pool,
     "Pow": _pow,
+    "Where": _where,
 }
 
 
