@@ -170,3 +170,30 @@ def test_early_stopping_holds_out_scikit_learns_rows(case: str, weighted: bool) 
         np.testing.assert_allclose(ours.best_validation_score_, theirs.best_validation_score_, atol=1e-6)
     if hasattr(theirs, "coef_"):
         np.testing.assert_allclose(ours.coef_, theirs.coef_, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("max_iter", [5, 40])
+def test_warm_fits_continue_the_validation_scores_as_scikit_learn(max_iter: int) -> None:
+    # a warm fit started validation_scores_, their best and the no-improvement count afresh
+    # (13 -> 15 scores while loss_curve_ grew to 28); scikit-learn's MLP goes on with them:
+    # 5 epochs each -> 5, 10, 15 scores; 37 epochs, then one epoch per warm fit (the count
+    # carried over is already past n_iter_no_change)
+    X, y = _breast_cancer()
+    kw: dict[str, Any] = dict(
+        early_stopping=True,
+        warm_start=True,
+        max_iter=max_iter,
+        random_state=0,
+        hidden_layer_sizes=(8,),
+        shuffle=False,
+    )
+    ours, theirs = OrtMLPClassifier(**kw), MLPClassifier(**kw)
+    for _ in range(3):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            ours.fit(X, y)
+            theirs.fit(X, y)
+        assert ours.n_iter_ == theirs.n_iter_
+        np.testing.assert_allclose(ours.validation_scores_, theirs.validation_scores_, atol=1e-9)
+        assert ours.best_validation_score_ == theirs.best_validation_score_
+        assert len(ours.loss_curve_) == len(theirs.loss_curve_)

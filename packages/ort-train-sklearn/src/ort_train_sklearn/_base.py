@@ -205,20 +205,31 @@ class _ValidationScore(Callback):
     best epoch's weights are kept in ``best_state``."""
 
     def __init__(
-        self, estimator: OrtEstimatorMixin, validation: _Arrays, tol: float | None, n_iter_no_change: int
+        self,
+        estimator: OrtEstimatorMixin,
+        validation: _Arrays,
+        tol: float | None,
+        n_iter_no_change: int,
+        carried: tuple[list[float], float, int] | None = None,
     ) -> None:
         self.estimator = estimator
         self.X, self.y, self.sample_weight = validation
         self.tol = tol
         self.n_iter_no_change = n_iter_no_change
+        #: a warm fit of the MLPs goes on with the earlier fit's scores, best and count, as
+        #: scikit-learn's (the best weights: those the fit starts from, which it kept)
+        self.carried = carried
         self._session: Any = None
         self.on_train_begin(None, 0)
 
     def on_train_begin(self, trainer: Any, n_epochs: int) -> None:
-        self.scores: list[float] = []
-        self.best = -math.inf
-        self.count = 0
-        self.best_state: dict[str, np.ndarray] | None = None
+        scores, best, count = self.carried or ([], -math.inf, 0)
+        self.scores: list[float] = list(scores)
+        self.best = best
+        self.count = count
+        self.best_state: dict[str, np.ndarray] | None = (
+            trainer.get_state() if self.carried is not None and trainer is not None else None
+        )
         self.stopped = False
 
     def _outputs(self, trainer: Any, state: dict[str, np.ndarray]) -> np.ndarray:
@@ -519,7 +530,12 @@ class OrtEstimatorMixin(BaseEstimator):
         if validation is not None:
             # scikit-learn stops on the validation score, not on a loss: the trainer records
             # the validation loss (and checkpoints it) but this callback decides
-            scoring = _ValidationScore(self, validation, self.tol, self.n_iter_no_change)
+            carried = None
+            previous = getattr(self, "validation_scores_", None)
+            if not first and self._keeps_best_epoch and previous:
+                count = int(getattr(self, "_no_improvement_count", 0))
+                carried = (list(previous), max(previous), count)
+            scoring = _ValidationScore(self, validation, self.tol, self.n_iter_no_change, carried)
             trainer.tol = None
         restart = first or not incremental
         callbacks = [cb for cb in (scoring, self._step_callback(restart)) if cb is not None]
@@ -684,6 +700,7 @@ class OrtEstimatorMixin(BaseEstimator):
         # with early stopping, scikit-learn's MLP sets best_loss_ to None and records the
         # validation score (accuracy or R2) of each epoch
         self.validation_scores_ = list(scoring.scores) if scoring is not None and scoring.scores else None
+        self._no_improvement_count = scoring.count if scoring is not None else 0
         self.best_loss_: float | None
         if self.validation_scores_ is None:
             if extend and isinstance(previous_best, float):
