@@ -56,3 +56,29 @@ def test_partial_fit_with_early_stopping_is_refused_as_scikit_learn(Ours, Theirs
         Theirs(early_stopping=True).partial_fit(X, y, **kwargs)
     with pytest.raises(ValueError, match=r"partial_fit does not support early_stopping=True"):
         Ours(early_stopping=True).partial_fit(X, y, **kwargs)
+
+
+@pytest.mark.parametrize("training", ["full", "partial"])
+@pytest.mark.parametrize(("Ours", "Theirs"), PAIRS[2:])
+def test_mlp_loss_curve_with_sample_weights_averages_batches_by_rows(Ours, Theirs, training):
+    # scikit-learn's MLPs average each batch's weighted-mean loss by its row count; ours
+    # weighed the batches by their total sample weight: loss_curve_ 1.3678, 0.8928, ... for
+    # scikit-learn's 1.4094, 0.8969, ... (the same weights), so tol stopped at other epochs
+    X, y = make_classification(n_samples=128, n_features=6, n_informative=4, n_classes=3, random_state=0)
+    if Ours is OrtMLPRegressor:
+        y = X[:, :2] @ np.array([1.0, -0.5])
+    sw = np.random.RandomState(1).uniform(0.1, 3.0, len(y))
+    kw = dict(hidden_layer_sizes=(7,), random_state=0, shuffle=False, batch_size=32, solver="sgd")
+    kw |= dict(learning_rate_init=0.05, max_iter=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        ours = Ours(**kw, training=training).fit(X, y, sample_weight=sw)
+        theirs = Theirs(**kw).fit(X, y, sample_weight=sw)
+    np.testing.assert_allclose(ours.loss_curve_, theirs.loss_curve_, rtol=1e-5)
+    # partial_fit: one epoch a call, the same average
+    kwargs = {"classes": np.unique(y)} if Ours is OrtMLPClassifier else {}
+    ours, theirs = Ours(**kw, training=training), Theirs(**kw)
+    for _ in range(2):
+        ours.partial_fit(X, y, sample_weight=sw, **kwargs)
+        theirs.partial_fit(X, y, sample_weight=sw, **kwargs)
+    np.testing.assert_allclose(ours.loss_curve_, theirs.loss_curve_, rtol=1e-5)

@@ -74,6 +74,11 @@ def validation_rows(validation: Sequence[Any]) -> int:
     return int(validation[0].shape[0])
 
 
+#: metadata key of a loss graph: how the epoch's loss averages its batch losses, by their total
+#: sample weight (absent, the default) or by their row count ('rows')
+EPOCH_LOSS_WEIGHTS = "epoch_loss_weights"
+
+
 @dataclass
 class FitGraphs:
     """A trainer's graphs for one model content and one set of graph-shaping parameters, built
@@ -176,8 +181,14 @@ class LossGraphTrainer(BaseOrtTrainer):
         return (weights, *self._input_overrides())
 
     def _batches_weighted_by_sample_weight(self) -> bool:
-        # 'row_mean' batch losses are means over rows already: batches weigh by their row count
-        return bool(get_metadata(self._model(), "reduction") != "row_mean")
+        # 'row_mean' batch losses are means over rows already: batches weigh by their row count;
+        # a graph may also ask for it (EPOCH_LOSS_WEIGHTS 'rows': scikit-learn's MLPs average
+        # their weighted-mean batch losses by row count)
+        model = self._model()
+        return bool(
+            get_metadata(model, "reduction") != "row_mean"
+            and get_metadata(model, EPOCH_LOSS_WEIGHTS) != "rows"
+        )
 
     def _input_overrides(self) -> tuple[str | None, str | None]:
         """Label and sample-weight input names given by the user (None: from metadata)."""

@@ -39,8 +39,9 @@ from ort_train_core import (
 from ort_train_core._binding import count_weight_values, cpu_threads
 from ort_train_core._cache import MAX_CACHED_MODEL_BYTES, LRUCache, model_digest
 from ort_train_core._data import dense_rows, is_sparse, sparse_as
+from ort_train_core._loss_trainer import EPOCH_LOSS_WEIGHTS
 from ort_train_core._runtime import Device
-from ort_train_core.graph import initializer_values, inputs_to_initializers
+from ort_train_core.graph import initializer_values, inputs_to_initializers, set_metadata
 
 from ._graphs import classifier_head, probabilities
 
@@ -158,6 +159,12 @@ def _n_rows(X: Any) -> int:
 #: drop-in starts from the same graph (zero weights), and add_loss_output (normalisation, checks,
 #: shape inference) takes about 1.5 ms of a 5 ms fit of a small set
 _LOSS_GRAPHS: LRUCache[ModelProto] = LRUCache(16)
+
+
+def _copy_model(model: ModelProto) -> ModelProto:
+    out = ModelProto()
+    out.CopyFrom(model)
+    return out
 
 
 def _loss_graph(
@@ -778,6 +785,11 @@ class OrtEstimatorMixin(BaseEstimator):
         )
         self._trainer_params = self._shaping_params()
         reduction = "row_mean" if self._rows_weighted else "mean"
+        if not self._rows_weighted:
+            # scikit-learn's MLPs: each batch's weighted-mean loss counts by its rows in
+            # loss_curve_ (and so in tol), not by its total sample weight
+            model = _copy_model(model)
+            set_metadata(model, EPOCH_LOSS_WEIGHTS, "rows")
         if self.training == "full":
             penalty = {w: {"l1": l1, "l2": l2} for w in penalized} if (l1 or l2) else None
             return OrtGradientOptimizer(_loss_graph(model, score, penalty, reduction), **common)
