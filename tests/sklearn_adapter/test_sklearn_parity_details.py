@@ -82,3 +82,13 @@ def test_mlp_loss_curve_with_sample_weights_averages_batches_by_rows(Ours, Their
         ours.partial_fit(X, y, sample_weight=sw, **kwargs)
         theirs.partial_fit(X, y, sample_weight=sw, **kwargs)
     np.testing.assert_allclose(ours.loss_curve_, theirs.loss_curve_, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("Ours", "Theirs"), PAIRS[:2])
+def test_average_zero_is_refused_as_scikit_learn(Ours, Theirs):
+    # ours took average=0 (scikit-learn's constraint is an integer > 0 or a boolean)
+    X, y = _data(np.float64)
+    with pytest.raises(ValueError, match="'average' parameter"):
+        Theirs(average=0).fit(X, y)
+    with pytest.raises(ValueError, match="'average' parameter"):
+        Ours(average=0).fit(X, y)

@@ -152,7 +152,7 @@ class _OrtSGDBase(OrtEstimatorMixin):
         # negative values grow the rate: deprecated in scikit-learn 1.8, an error from 1.10
         "power_t": [Interval(Real, 0, None, closed="left")],
         "batch_size": [Interval(Integral, 1, None, closed="left"), StrOptions({"auto"})],
-        "average": ["boolean", Interval(Integral, 0, None, closed="left")],
+        "average": ["boolean", Interval(Integral, 0, None, closed="neither")],  # as scikit-learn: not 0
     }
 
     def _average_start(self) -> int:
