@@ -92,3 +92,18 @@ def test_average_zero_is_refused_as_scikit_learn(Ours, Theirs):
         Theirs(average=0).fit(X, y)
     with pytest.raises(ValueError, match="'average' parameter"):
         Ours(average=0).fit(X, y)
+
+
+@pytest.mark.parametrize(("Ours", "Theirs"), [PAIRS[0], PAIRS[2]])
+def test_object_string_labels_give_scikit_learns_classes_dtype(Ours, Theirs):
+    # classes_ and predict were of dtype object for object-dtype string labels; scikit-learn's
+    # unique_labels makes them '<U3'
+    X, y = _data(np.float64)
+    labels = np.array(["abc", "de"], dtype=object)[y]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        ours = Ours(max_iter=3, random_state=0).fit(X, labels)
+        theirs = Theirs(max_iter=3, random_state=0).fit(X, labels)
+    assert ours.classes_.dtype == theirs.classes_.dtype == np.dtype("<U3")
+    assert ours.predict(X).dtype == theirs.predict(X).dtype
+    np.testing.assert_array_equal(ours.classes_, theirs.classes_)

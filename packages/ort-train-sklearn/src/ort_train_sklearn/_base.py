@@ -430,8 +430,9 @@ class OrtEstimatorMixin(BaseEstimator):
 
     def _initial_classes(self, y: np.ndarray, classes: Any) -> np.ndarray:
         """``classes_`` of a first fit: ``classes`` (partial_fit) as their sorted set, else the
-        labels in y, as in scikit-learn. The logit columns follow this order."""
-        return np.unique(y) if classes is None else unique_labels(classes)
+        labels in y, as scikit-learn's unique_labels gives them (object strings as str). The logit
+        columns follow this order."""
+        return np.asarray(unique_labels(y if classes is None else classes))
 
     def _start_fit(self, X: Any, y: Any) -> None:
         """What a fit from scratch does before reading the data (estimators that train a given
