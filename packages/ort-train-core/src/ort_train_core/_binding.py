@@ -10,12 +10,13 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
-from onnx import ModelProto, TensorProto
+from onnx import ModelProto
 
+from ._builder import FLOAT_TYPES
 from ._cache import LRUCache
 from ._io import check_no_external_data
 from ._ort_errors import is_onnxruntime_error, run_failure
@@ -243,10 +244,16 @@ def count_input_values(model: ModelProto, names: Sequence[str]) -> float:
     return float(sum(math.prod(dims[n]) for n in names))
 
 
-def count_weight_values(model: ModelProto) -> float:
-    """How many values the float initializers of ``model`` hold together (its weights)."""
-    floats = {TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16}
-    return float(sum(math.prod(i.dims) for i in model.graph.initializer if i.data_type in floats))
+def count_weight_values(model: ModelProto, names: Collection[str] | None = None) -> float:
+    """How many values the float initializers of ``model`` hold together (its weights), or
+    those of them named in ``names``."""
+    return float(
+        sum(
+            math.prod(i.dims)
+            for i in model.graph.initializer
+            if i.data_type in FLOAT_TYPES and (names is None or i.name in names)
+        )
+    )
 
 
 def make_session(

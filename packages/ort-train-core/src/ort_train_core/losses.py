@@ -251,9 +251,7 @@ class NegLogLearningLoss(BaseLearningLoss):
             if n_cols is None:
                 raise ValueError("the 'log' loss needs the number of classes (the prediction's dim 1)")
             z_true = b.reduce("ReduceSum", b.op("Mul", [_one_hot(b, label, n_cols), pred]), [1], 1, "z_true")
-            zero = b.op("Sub", [z_true, z_true], "zero_logit")
-            logits = b.op("Concat", [zero, z_true], "true_logits", axis=1)
-            logp = b.op("LogSoftmax", [logits], "log_sigmoid", axis=1)
+            logp = b.op("LogSoftmax", [_binary_logits(b, z_true)], "log_sigmoid", axis=1)
             column = b.const(np.array(1, dtype=np.int64), "true_column", dtype=np.int64)
             picked = b.op("Gather", [logp, column], "log_p_true", axis=1)
             return b.op("Neg", [picked], "nll")
@@ -288,17 +286,21 @@ class CrossEntropyLearningLoss(BaseLearningLoss):
     def row_loss(self, b: NodeBuilder, pred: str, label: str, pred_shape: list[int | None]) -> str:
         n_cols = _n_columns(pred_shape)
         if n_cols == 1:
-            # binary: the two-class softmax of logits [0, z], whose gradient sigmoid(z) - y is
-            # smooth everywhere (max(z, 0) + log(1 + exp(-|z|)) has a kink at z = 0, where SGD
-            # from zero weights starts)
+            # binary: the two-class softmax of logits [0, z] (gradient sigmoid(z) - y)
             z = pred if len(pred_shape) == 2 else b.op("Unsqueeze", [pred, b.int_const([1])], "logit_col")
-            zeros = b.op("Sub", [z, z], "zero_logit")
-            pred, n_cols = b.op("Concat", [zeros, z], "binary_logits", axis=1), 2
+            pred, n_cols = _binary_logits(b, z), 2
         if n_cols is None:
             raise ValueError("'cross_entropy' needs the number of classes (the prediction's dim 1)")
         logp = b.op("LogSoftmax", [pred], "log_softmax", axis=1)
         picked = b.reduce("ReduceSum", b.op("Mul", [_one_hot(b, label, n_cols), logp]), [1], 0)
         return b.op("Neg", [picked], "ce")
+
+
+def _binary_logits(b: NodeBuilder, z: str) -> str:
+    """The two-class logits ``[0, z]`` of a score column ``z`` ([N, 1]): their log-softmax is
+    ``[log(1 - sigmoid(z)), log(sigmoid(z))]``, smooth everywhere (``max(z, 0) + log(1 +
+    exp(-|z|))`` has a kink at z = 0, where SGD from zero weights starts)."""
+    return b.op("Concat", [b.op("Sub", [z, z], "zero_logit"), z], "binary_logits", axis=1)
 
 
 def _relu(b: NodeBuilder, x: str, hint: str) -> str:

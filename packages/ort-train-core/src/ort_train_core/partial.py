@@ -16,7 +16,14 @@ import onnx
 from onnx import ModelProto, helper
 
 from . import _batchnorm as batchnorm
-from ._binding import DeviceArray, count_input_values, cpu_threads, io_binding, make_session
+from ._binding import (
+    DeviceArray,
+    count_input_values,
+    count_weight_values,
+    cpu_threads,
+    io_binding,
+    make_session,
+)
 from ._builder import unique_name
 from ._data import BatchStore
 from ._gradient import (
@@ -298,8 +305,7 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
         key = (str(device), batch)
         if key not in graphs.forward_backward:
             model = set_batch_dimension(graphs.forward[0], graphs.inputs.features, batch)
-            weights = set(graphs.inputs.parameters)
-            values = sum(math.prod(i.dims) for i in model.graph.initializer if i.name in weights)
+            values = count_weight_values(model, set(graphs.inputs.parameters))
             graphs.forward_backward[key] = default_backend().forward_backward(
                 model, graphs.inputs.parameters, [], device, threads=cpu_threads(device, batch, values)
             )

@@ -43,7 +43,7 @@ from ort_train_core._loss_trainer import EPOCH_LOSS_WEIGHTS
 from ort_train_core._runtime import Device
 from ort_train_core.graph import initializer_values, inputs_to_initializers, set_metadata
 
-from ._graphs import classifier_head, probabilities
+from ._graphs import classifier_head, copy_model, probabilities
 
 _Estimator = TypeVar("_Estimator", bound="OrtEstimatorMixin")
 
@@ -161,12 +161,6 @@ def _n_rows(X: Any) -> int:
 _LOSS_GRAPHS: LRUCache[ModelProto] = LRUCache(16)
 
 
-def _copy_model(model: ModelProto) -> ModelProto:
-    out = ModelProto()
-    out.CopyFrom(model)
-    return out
-
-
 def _loss_graph(
     model: ModelProto, score: Any, penalty: dict[str, dict[str, float]] | None, reduction: str
 ) -> ModelProto:
@@ -180,9 +174,7 @@ def _loss_graph(
     if model.ByteSize() > MAX_CACHED_MODEL_BYTES:
         return build()
     key = (model_digest(model), type(score), repr(score), repr(penalty), reduction)
-    out = ModelProto()
-    out.CopyFrom(_LOSS_GRAPHS.get_or_build(key, build))
-    return out
+    return copy_model(_LOSS_GRAPHS.get_or_build(key, build))
 
 
 def _n_features(X: Any) -> int:
@@ -789,7 +781,7 @@ class OrtEstimatorMixin(BaseEstimator):
         if not self._rows_weighted:
             # scikit-learn's MLPs: each batch's weighted-mean loss counts by its rows in
             # loss_curve_ (and so in tol), not by its total sample weight
-            model = _copy_model(model)
+            model = copy_model(model)
             set_metadata(model, EPOCH_LOSS_WEIGHTS, "rows")
         if self.training == "full":
             penalty = {w: {"l1": l1, "l2": l2} for w in penalized} if (l1 or l2) else None

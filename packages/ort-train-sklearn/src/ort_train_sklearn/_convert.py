@@ -69,7 +69,7 @@ from ort_train_core.graph import (
     unique_name,
 )
 
-from ._graphs import probabilities
+from ._graphs import copy_model, probabilities
 
 __all__ = [
     "SUPPORTED_CLASSIFIERS",
@@ -609,7 +609,7 @@ def _attrs(node: NodeProto) -> dict[str, Any]:
 
 def _rewrite_ml_ops(model: ModelProto) -> ModelProto:
     """Scaler, LinearRegressor and LinearClassifier replaced by standard operators."""
-    model = _copy(model)
+    model = copy_model(model)
     g = model.graph
     namer = _Namer(all_names(model))
     new_nodes: list[NodeProto] = []
@@ -889,7 +889,7 @@ def _append_difference(model: ModelProto, z: str, namer: _Namer) -> str:
 def _reshape_output_2d(model: ModelProto) -> ModelProto:
     """A copy where the rank-1 output [N] becomes [N, 1] (same name)."""
     out = model.graph.output[0]
-    model = _copy(model)
+    model = copy_model(model)
     namer = _Namer(all_names(model))
     c_shape, shape = _constant(namer, np.array([-1, 1], dtype=np.int64), "shape_2d")
     flat = namer(f"{out.name}_1d")
@@ -902,12 +902,6 @@ def _reshape_output_2d(model: ModelProto) -> ModelProto:
 
 
 # ---- small graph utilities -------------------------------------------------------------------------------
-
-
-def _copy(model: ModelProto) -> ModelProto:
-    out = ModelProto()
-    out.CopyFrom(model)
-    return out
 
 
 def _producers(model: ModelProto) -> dict[str, NodeProto]:
@@ -940,7 +934,7 @@ def _set_single_output(model: ModelProto, name: str) -> None:
 def _select_outputs(model: ModelProto, names: Sequence[str]) -> ModelProto:
     """A copy whose outputs are ``names`` (graph outputs or intermediate float tensors) and
     only what they need."""
-    model = _copy(model)
+    model = copy_model(model)
     declared = {o.name: o for o in model.graph.output}
     outs = [declared.get(n) or helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names]
     del model.graph.output[:]
@@ -962,7 +956,7 @@ def _rename(model: ModelProto, old: str, new: str) -> ModelProto:
     """A copy where the value ``old`` is called ``new`` (unchanged when ``new`` is taken)."""
     if old == new or new in all_names(model):
         return model
-    model = _copy(model)
+    model = copy_model(model)
     g = model.graph
     _rename_in_nodes(model, old, new)
     for vi in [*g.input, *g.output, *g.value_info]:
