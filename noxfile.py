@@ -132,18 +132,17 @@ def docs(session: nox.Session) -> None:
 
 @nox.session(python=PRIMARY_PYTHON)
 def bench(session: nox.Session) -> None:
-    """Benchmarks against numpy, torch, scikit-learn and onnxruntime's own training API, with
-    plots; `-- --quick` for a short run (under 5 minutes on 2 cores)."""
+    """Benchmarks against numpy, torch and scikit-learn (CPU); `-- --quick` for a short run
+    (under 5 minutes on 2 cores)."""
     args = list(session.posargs)
-    device = "cuda" if any(arg.startswith(("cuda", "--device=cuda")) for arg in args) else "cpu"
     # torch first, pinned (on a GPU machine PyPI's torch==2.13.0 is a CUDA build)
     session.install("torch==2.13.0")
-    _install_core(session, device)
+    _install_core(session)
     # transformers: the zoo table's BERT (bench_zoo.py skips it without)
     session.install("scikit-learn", "skl2onnx", "matplotlib", "psutil", "transformers")
     session.install("-e", "packages/ort-train-sklearn", "-e", "packages/ort-train-torch")
-    # the matrix (every route, PNG plots), then the target benchmarks of the training loops,
-    # OrtMLPRegressor, OnnxModule and the zoo (issue 17); `-- --quick`, `-- --device cuda`
+    # the target benchmarks of the training loops, OrtMLPRegressor, OnnxModule and the zoo
+    # (issue 17); `-- --quick`, `-- --only bench_zoo`
     session.run("python", "benchmarks/run.py", *args)
 
 

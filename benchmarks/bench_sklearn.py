@@ -23,9 +23,7 @@ final training loss (relative difference <= 5 %), per case.
 Run: ``python benchmarks/bench_sklearn.py [--quick] [--out benchmarks/results]``; it writes
 ``<host>-<date>-sklearn[-quick].{json,md}``, then runs ``bench_datasets.py`` (the four drop-ins at
 their defaults on scikit-learn's datasets: score and fit-time ratio), which writes
-``<host>-<date>-datasets[-quick].{json,md}``, and ``bench_step_floor.py`` (one SGD step of a
-linear model: ours, a hand-written floor, scikit-learn), which writes
-``<host>-<date>-step-floor[-quick].{json,md}``.
+``<host>-<date>-datasets[-quick].{json,md}``.
 """
 
 from __future__ import annotations
@@ -39,7 +37,6 @@ import numpy as np
 
 import _common as common
 import bench_datasets
-import bench_step_floor
 
 SEED = 0
 HIDDEN = (50,)
@@ -327,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     # the four drop-ins at their defaults on scikit-learn's datasets (issue 18), and what one SGD
     # step costs on each route: their own files
     forwarded = ["--out", str(args.out), *(["--quick"] if args.quick else [])]
-    return bench_datasets.main(forwarded) or bench_step_floor.main(forwarded)
+    return bench_datasets.main(forwarded)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The routes of the training benchmarks: every way this machine can train one small network on
 one data set (a :class:`Case`), built by :data:`FACTORIES`, and :func:`run_case`, which times
-them alike. ``matrix.py`` runs them over a grid of cases, ``bench_full.py`` over its targets'.
+them alike. ``bench_full.py`` runs them over its targets' cases.
 
 A case: float32 synthetic data, a MatMul/Add(/Relu) network (:func:`mlp_onnx`) from fixed initial
 weights (Glorot uniform), the same epochs, a constant learning rate, plain SGD, no penalty,
@@ -26,9 +26,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import itertools
-import shutil
 import sys
-import tempfile
 import time
 import traceback
 import warnings
@@ -246,7 +244,7 @@ class Route:
         Trains from the initial weights; returns the timed seconds.
     finish : callable
         Reads the last run: ``epoch_losses`` (list on our scale, or None), ``weights`` (layers),
-        optionally ``epoch_loss``, ``setup_seconds``, ``native_note``.
+        optionally ``epoch_loss``, ``setup_seconds``.
     setup_seconds : float or None
         Graphs, sessions and modules built before the first run, where the route has them.
     note : str
@@ -400,87 +398,6 @@ def route_floor(case: Case) -> Route:
     return Route(run, finish, None, note, keep=(keep, bindings, trainer))
 
 
-def _fixed_init_estimator(base: type, case: Case, **params: Any) -> Any:
-    """An ort-train-sklearn estimator whose first fit starts from the case's weights."""
-    from ort_train_sklearn._graphs import dense_graph
-
-    layers = case.weights
-
-    class FixedInit(base):  # type: ignore[misc, valid-type]
-        def _initial_graph(self, n_features: int, n_outputs: int, rng: Any) -> Any:
-            if layers[0][0].shape[0] != n_features or layers[-1][0].shape[1] != n_outputs:
-                raise ValueError(f"initial weights do not fit {n_features} features, {n_outputs} outputs")
-            model = dense_graph(
-                [W for W, _ in layers], [b for _, b in layers], getattr(self, "activation", "identity")
-            )
-            model.graph.name = case.name  # the case's own cache entries (see the module docstring)
-            return model
-
-    FixedInit.__name__ = base.__name__
-    FixedInit.__qualname__ = base.__qualname__
-    return FixedInit(**params)
-
-
-def route_ort_sklearn(case: Case) -> Route:
-    try:
-        from ort_train_sklearn import OrtMLPRegressor, OrtSGDClassifier, OrtSGDRegressor
-    except ImportError as exc:
-        raise Skip(f"ort-train-sklearn is not installed ({exc})") from exc
-    scale = 1.0 if case.binary else 2.0
-    params: dict[str, Any] = dict(
-        max_iter=case.epochs,
-        tol=None,
-        shuffle=False,
-        batch_size=case.batch,
-        early_stopping=False,
-        learning_rate="constant",
-        random_state=0,
-        device=case.device,
-    )
-    if case.hidden:
-        if case.binary:
-            raise Skip("no binary MLP case")
-        mlp = dict(hidden_layer_sizes=case.hidden, activation="relu", solver="sgd", alpha=0.0, momentum=0.0)
-        est = _fixed_init_estimator(
-            OrtMLPRegressor,
-            case,
-            nesterovs_momentum=False,
-            learning_rate_init=scale * case.lr,
-            **mlp,
-            **params,
-        )
-        what = "OrtMLPRegressor(solver='sgd', momentum=0, alpha=0, learning_rate_init=2*lr)"
-    else:
-        base = OrtSGDClassifier if case.binary else OrtSGDRegressor
-        # the binary case trains the log loss (OrtSGDClassifier's default is scikit-learn's hinge)
-        loss = {"loss": "log_loss"} if case.binary else {}
-        est = _fixed_init_estimator(
-            base, case, penalty=None, alpha=0.0, eta0=scale * case.lr, **loss, **params
-        )
-        what = f"{base.__name__}(penalty=None, alpha=0, eta0={'2*' if scale == 2 else ''}lr)"
-
-    def run() -> float:
-        t = time.perf_counter()
-        est.fit(case.X, case.flat_target)
-        return time.perf_counter() - t
-
-    def finish() -> dict[str, Any]:
-        assert est.n_iter_ == case.epochs, est.n_iter_
-        if case.hidden:
-            layers = list(zip(est.coefs_, est.intercepts_))
-        else:
-            layers = [(np.asarray(est.coef_).reshape(-1, 1), np.asarray(est.intercept_).reshape(1))]
-        return {"epoch_losses": [scale * v for v in est.loss_curve_], "weights": layers}
-
-    note = (
-        f"{what}, constant lr, batch_size, max_iter=epochs, tol=None, shuffle=False; fit() end to "
-        "end (input validation, initial graph, trainer; graphs and sessions from the process "
-        "caches after the first fit, so setup is inside the first run)"
-        + ("; loss_curve_ is half our loss: x 2" if scale == 2 else "")
-    )
-    return Route(run, finish, None, note, case.device, keep=est)
-
-
 def _torch_device(case: Case) -> Any:
     import torch
 
@@ -525,92 +442,6 @@ def _torch_sgd(
             losses[i] = loss.item()
         history.append(epoch_mean(losses, case.bounds))
     return time.perf_counter() - t, history
-
-
-def route_ort_torch(case: Case) -> Route:
-    try:
-        import torch
-
-        from ort_train_torch import OnnxModule
-    except ImportError as exc:
-        raise Skip(f"ort-train-torch or torch is not installed ({exc})") from exc
-    dev, batches, loss_fn = _torch_parts(case)
-    t0 = time.perf_counter()
-    module = OnnxModule(prediction_model(case)).to(dev)
-    setup = time.perf_counter() - t0
-    init = case.named_weights
-    params = {onnx_name: getattr(module, attr) for attr, onnx_name in module.onnx_names.items()}
-    history: list[float] = []
-
-    def run() -> float:
-        with torch.no_grad():
-            for name, p in params.items():
-                p.copy_(torch.from_numpy(init[name]))
-        module.train()
-        seconds, history[:] = _torch_sgd(case, module, batches, loss_fn)
-        return seconds
-
-    def finish() -> dict[str, Any]:
-        state = {name: p.detach().cpu().numpy().copy() for name, p in params.items()}
-        return {"epoch_losses": list(history), "weights": state_layers(state, len(case.weights))}
-
-    note = (
-        f"OnnxModule(prediction graph) with torch.optim.SGD(lr), loss in torch ({loss_fn.__name__}), "
-        "loss.item() each step; setup = OnnxModule construction (forward/backward graph and session)"
-    )
-    return Route(run, finish, setup, note, str(dev), keep=module)
-
-
-def load_native() -> Any:
-    """``benchmarks/ort_native.py`` as a module (Skip when onnxruntime's training API is not there)."""
-    module = importlib.import_module("ort_native")
-    reason = module.unavailable_reason()
-    if reason is not None:
-        raise Skip(f"ort_native: {reason}")
-    return module
-
-
-def route_ort_native(case: Case) -> Route:
-    native = load_native()
-    if case.device != "cpu":
-        raise Skip("ort_native.train() takes no device: CPU only")
-    workdir = tempfile.mkdtemp(prefix=f"matrix-native-{case.name}-")
-    holder: dict[str, Any] = {}
-
-    def run() -> float:
-        result = native.train(
-            case.binary,
-            case.weights,
-            case.X,
-            case.y,
-            batch=case.batch,
-            epochs=case.epochs,
-            lr=case.lr,
-            workdir=workdir,
-        )
-        holder["result"] = result
-        holder.setdefault("first_setup", result["setup_seconds"])
-        if result["steps"] != case.steps:
-            raise RuntimeError(f"ort_native ran {result['steps']} steps, expected {case.steps}")
-        return float(result["train_seconds"])
-
-    def finish() -> dict[str, Any]:
-        result = holder["result"]
-        return {
-            "epoch_losses": result["epoch_losses"],
-            "weights": result["weights"],
-            "setup_seconds": holder["first_setup"],
-            "native_note": result["note"],
-        }
-
-    note = (
-        f"ort_native.train(binary={case.binary}, layers, X, y float32 (n, 1), batch, epochs, lr): "
-        "onnxruntime's on-device training API; time = its train_seconds, setup = its setup_seconds of "
-        "the first call"
-    )
-    return Route(
-        run, finish, None, note, case.device, cleanup=lambda: shutil.rmtree(workdir, ignore_errors=True)
-    )
 
 
 def _numpy_plan(case: Case) -> list[tuple[Any, ...]]:
@@ -843,9 +674,6 @@ FACTORIES: dict[str, Callable[[Case], Route]] = {
     "full": lambda case: _trainer_route(case, partial=False),
     "partial": lambda case: _trainer_route(case, partial=True),
     "floor": route_floor,
-    "ort_sklearn": route_ort_sklearn,
-    "ort_torch": route_ort_torch,
-    "ort_native": route_ort_native,
     "numpy": route_numpy,
     "torch": route_torch,
     "sk_sgd": route_sk_sgd,
@@ -867,8 +695,6 @@ def preload() -> None:
     ):
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
-    with contextlib.suppress(Skip):
-        load_native()  # its unavailable_reason() imports onnxruntime.training
 
 
 # ---- one case -----------------------------------------------------------------------------
@@ -916,7 +742,6 @@ def _result(
     best = min(times) if times else first[0]
     losses = out.get("epoch_losses")
     epoch_loss = out.get("epoch_loss", None if not losses else losses[-1])
-    note = route.note + (f"; ort_native says: {out['native_note']}" if out.get("native_note") else "")
     return {
         "seconds": best,
         "times": times,
@@ -929,7 +754,7 @@ def _result(
         "epoch_loss": None if epoch_loss is None else float(epoch_loss),
         "final_loss": full_loss(case.binary, out["weights"], case.X, case.y),
         "device": route.device,
-        "note": note,
+        "note": route.note,
     }
 
 
