@@ -98,6 +98,85 @@ def _check_sparse(spec: FeatureSpec, value: Any, what: str) -> Any:
     return csr
 
 
+def check_sparse_structure(name: str, value: Any) -> None:
+    """Refuses a sparse matrix whose index arrays are inconsistent, before native code reads them.
+
+    scipy's row indexing, ``toarray`` and format conversions run C++ loops that trust
+    ``indptr`` and ``indices``: an out-of-range column index is a segmentation fault, a
+    decreasing ``indptr`` a heap corruption. CSR, CSC, BSR and COO are checked (O(nnz + rows));
+    LIL, DOK and DIA keep Python-level structures whose CSR form :func:`sparse_as` checks.
+
+    Parameters
+    ----------
+    name : str
+        What the matrix is (``'X'``), for the message.
+    value : scipy.sparse matrix or array
+        The matrix.
+
+    Raises
+    ------
+    ValueError
+        Naming the first problem found: lengths of ``indptr``, ``indices`` and ``data``, where
+        ``indptr`` starts, ends or decreases, an index outside the matrix.
+    """
+    fmt = getattr(value, "format", "")
+    if fmt in ("csr", "csc", "bsr"):
+        problem = _compressed_problem(value, fmt)
+    elif fmt == "coo" and len(value.shape) == 2:
+        problem = _coo_problem(value)
+    else:
+        return
+    if problem:
+        raise ValueError(
+            f"{name} is a malformed sparse {fmt.upper()} matrix: {problem}; build it from consistent "
+            "arrays (scipy's check_format(full_check=True) finds the same problem)"
+        )
+
+
+def _compressed_problem(value: Any, fmt: str) -> str | None:
+    """What is wrong with a CSR/CSC/BSR matrix's ``indptr``/``indices``/``data``, or None."""
+    rows, cols = value.shape
+    axes = {"csr": ("row", "column"), "csc": ("column", "row"), "bsr": ("block row", "block column")}
+    major_axis, minor_axis = axes[fmt]
+    block = value.blocksize if fmt == "bsr" else (1, 1)
+    major, minor = (rows // block[0], cols // block[1]) if fmt != "csc" else (cols, rows)
+    indptr, indices = np.asarray(value.indptr), np.asarray(value.indices)
+    stored = np.asarray(value.data).shape[0] if np.ndim(value.data) else 0
+    if indptr.ndim != 1 or indptr.shape[0] != major + 1:
+        need = f"a {fmt.upper()} matrix of {major} {major_axis}s needs {major + 1}"
+        return f"indptr has {indptr.size} entries but {need}"
+    if indices.ndim != 1 or indices.shape[0] != stored:
+        return f"data has {stored} values but indices has {indices.size}"
+    if indptr[0] != 0:
+        return f"indptr starts at {indptr[0]}, not 0"
+    if indptr[-1] != stored:
+        return f"indptr ends at {indptr[-1]} but it stores {stored} values"
+    down = np.flatnonzero(np.diff(indptr) < 0)
+    if down.size:
+        k = int(down[0]) + 1
+        return f"indptr decreases at position {k} ({indptr[k - 1]} then {indptr[k]})"
+    return _index_problem(indices, minor, minor_axis)
+
+
+def _coo_problem(value: Any) -> str | None:
+    """What is wrong with a COO matrix's ``row``/``col``/``data``, or None."""
+    row, col, stored = np.asarray(value.row), np.asarray(value.col), np.asarray(value.data).size
+    if row.size != stored or col.size != stored:
+        return f"data has {stored} values but row has {row.size} and col {col.size}"
+    return _index_problem(row, value.shape[0], "row") or _index_problem(col, value.shape[1], "column")
+
+
+def _index_problem(indices: np.ndarray, n: int, axis: str) -> str | None:
+    """The first index outside [0, n), named, or None."""
+    if not indices.size:
+        return None
+    low, high = indices.min(), indices.max()
+    if low >= 0 and high < n:
+        return None
+    bad = low if low < 0 else high
+    return f"it holds {axis} index {bad} but it has {n} {axis}s (indices must lie in [0, {n}))"
+
+
 def sparse_as(name: str, value: Any, dtype: np.dtype) -> Any:
     """A sparse matrix as CSR in ``dtype``, its stored values checked (numbers, finite, within
     the type's range). The caller's matrix is never modified: a CSR matrix already in ``dtype``
@@ -117,7 +196,10 @@ def sparse_as(name: str, value: Any, dtype: np.dtype) -> Any:
     scipy.sparse CSR matrix or array
         The values in ``dtype``.
     """
+    check_sparse_structure(name, value)  # before tocsr and the batches' row indexing read it
     csr = value.tocsr()  # ``value`` itself when it is CSR already
+    if csr is not value:  # LIL, DOK, DIA: only their CSR form has index arrays to check
+        check_sparse_structure(name, csr)
     data = _as_numeric(name, csr.data)
     _check_finite(name, data)
     if data.dtype == dtype:

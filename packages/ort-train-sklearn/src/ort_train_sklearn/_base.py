@@ -38,7 +38,7 @@ from ort_train_core import (
 )
 from ort_train_core._binding import count_weight_values, cpu_threads
 from ort_train_core._cache import MAX_CACHED_MODEL_BYTES, LRUCache, model_digest
-from ort_train_core._data import dense_rows, is_sparse, sparse_as
+from ort_train_core._data import check_sparse_structure, dense_rows, is_sparse, sparse_as
 from ort_train_core._loss_trainer import EPOCH_LOSS_WEIGHTS
 from ort_train_core._runtime import Device
 from ort_train_core.graph import initializer_values, inputs_to_initializers, set_metadata
@@ -119,6 +119,13 @@ def _to_float32(name: str, values: Any) -> np.ndarray:
         out: np.ndarray = sparse_as(name, values, np.dtype(np.float32))
         return out
     return cast_checked(name, np.asarray(values), np.dtype(np.float32))
+
+
+def _check_sparse_x(X: Any) -> None:
+    """A sparse X's index arrays checked before scikit-learn's validation converts it (a CSC or
+    COO matrix becomes CSR in native code that trusts them: malformed ones crash)."""
+    if is_sparse(X):
+        check_sparse_structure("X", X)
 
 
 #: values (rows x features) densified at once when a sparse X is predicted: 16 MiB of float32
@@ -589,6 +596,7 @@ class OrtEstimatorMixin(BaseEstimator):
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
         """X in float32, y encoded (labels as class indices), the sample weights in float32
         (zero-weight rows dropped where the batch loss is a weighted mean) and n_outputs."""
+        _check_sparse_x(X)
         X, y = validate_data(
             self,
             X,
@@ -824,6 +832,7 @@ class OrtEstimatorMixin(BaseEstimator):
         """The graph's outputs on X; float outputs in X's float type (computed in float32),
         as scikit-learn keeps float32 inputs in float32 and returns float64 otherwise."""
         check_is_fitted(self, "_trainer")
+        _check_sparse_x(X)
         X = validate_data(
             self,
             X,
