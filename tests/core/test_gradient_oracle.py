@@ -50,7 +50,7 @@ from gradient_catalogue import (
     output_gradient,
     torch_vjp,
 )
-from ort_train_core._gradient import default_backend
+from ort_train_core._backends import default_backend
 from ort_train_core._ort_training import cpu_gradient_rewrites
 from ort_train_core.cli import main as cli_main
 from ort_train_core.exceptions import GraphNotDifferentiableError

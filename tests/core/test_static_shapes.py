@@ -73,7 +73,7 @@ def _fixed_batch_step(
     loss_model: onnx.ModelProto, names: list[str], batch: int, rate: float
 ) -> onnx.ModelProto:
     """The CPU fused step of ``loss_model`` training ``names`` at a fixed batch, constant SGD."""
-    from ort_train_core._gradient import default_backend
+    from ort_train_core._backends import default_backend
     from ort_train_core.graph import initializers_to_inputs, set_batch_dimension
     from ort_train_core.learning_rate import make_learning_rate
 

@@ -4,15 +4,14 @@ of any backend's gradients.
 A backend offers the two forms the trainers use: the fused step (loss, gradients and the
 optimizer's update in one graph: one session run per step) and the forward/backward pair with
 its runner (forward now, backward later with the gradients of the outputs). Trainers, the torch
-adapter and the command line name only :class:`GradientBackend`, :func:`default_backend` and the
-records here. Everything specific to onnxruntime-training lives in ``_ort_training``, the backend
-of the installed runtime; a backend that writes the reverse pass in plain ONNX implements the
-same protocol.
+adapter and the command line name only :class:`GradientBackend` and the records here, and get a
+backend from :mod:`._backends`, the one place that chooses it. This module imports no backend:
+everything specific to onnxruntime-training lives in ``_ort_training``; a backend that writes the
+reverse pass in plain ONNX implements the same protocol.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -169,20 +168,6 @@ class GradientBackend(Protocol):
         ...
 
 
-@functools.cache
-def default_backend() -> GradientBackend:
-    """The gradient backend of the installed runtime.
-
-    Returns
-    -------
-    GradientBackend
-        onnxruntime-training's (the only one the training build needs).
-    """
-    from ._ort_training import OrtTrainingBackend  # it implements this module's protocols
-
-    return OrtTrainingBackend()
-
-
 def fused_step_from_gradients(
     grad_model: ModelProto, loss_name: str, weights: Sequence[str], learning_rate: BaseLearningRate
 ) -> tuple[ModelProto, FusedStepSignature]:
@@ -268,7 +253,7 @@ def build_loss_gradient_graph(
     reduction : str, default='mean'
         How the rows' losses make the batch loss (see :func:`add_loss_output`).
     backend : GradientBackend or None, default=None
-        The gradient backend (None: :func:`default_backend`).
+        The gradient backend (None: :func:`._backends.default_backend`).
 
     Returns
     -------
@@ -287,6 +272,8 @@ def build_loss_gradient_graph(
     model = _model(graph, max(17, MIN_OPSET))
     with_loss = add_loss_output(model, loss, weight_name="weight", reduction=reduction)
     with_loss = set_batch_dimension(with_loss, ["prediction", "label", "weight"], batch)
+    from ._backends import default_backend  # the chooser, not a backend
+
     grad = (backend or default_backend()).gradient_graph(with_loss, "loss", ["prediction"])
     kept = [o for o in grad.graph.output if o.name in ("loss", "prediction_grad")]
     del grad.graph.output[:]
@@ -372,13 +359,15 @@ def build_update_graph(
     penalized : sequence of str
         The weights the penalty applies to.
     backend : GradientBackend or None, default=None
-        The gradient backend (None: :func:`default_backend`).
+        The gradient backend (None: :func:`._backends.default_backend`).
 
     Returns
     -------
     (onnx.ModelProto, UpdateSignature)
         The graph and the names of its inputs and outputs.
     """
+    from ._backends import default_backend  # the chooser, not a backend
+
     model, pen_grads = _penalty_gradient_graph(weights, penalty, penalized, backend or default_backend())
     elem_type = weights[0][1]
     g = model.graph

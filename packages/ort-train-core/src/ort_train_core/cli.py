@@ -446,7 +446,7 @@ def gradient_status(model: ModelProto, output_index: int = 0) -> tuple[list[str]
     reason : str or None
         None when the gradient graph can be built, else why not (the blocking operators).
     """
-    from ._gradient import default_backend
+    from ._backends import default_backend
 
     output = _output_name(model, output_index)
     weights = default_weights_to_train(model, output)

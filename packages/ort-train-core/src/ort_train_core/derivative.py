@@ -1,6 +1,6 @@
 """The gradient graph of an ONNX graph as an ONNX model: onnxcustom's ``onnx_derivative``.
 
-Built on the gradient room's seam (:func:`~._gradient.default_backend`): the gradients of the
+Built on the gradient room's seam (:func:`~._backends.default_backend`): the gradients of the
 outputs weighted by their output gradients are the gradients of one scalar,
 ``sum_k ReduceSum(Y_k * Y_k_grad)``, which the backend differentiates like any loss (a
 vector-Jacobian product). Only ``KeepYieldOp`` returns a form specific to onnxruntime-training
@@ -16,8 +16,8 @@ from pathlib import Path
 import onnx
 from onnx import ModelProto, helper
 
+from ._backends import default_backend
 from ._builder import FLOAT_TYPES, NodeBuilder, unique_name
-from ._gradient import default_backend
 from ._runtime import Device
 from .graph import (
     MAX_IR_VERSION,

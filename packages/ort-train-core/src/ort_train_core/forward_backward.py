@@ -12,8 +12,9 @@ import numpy as np
 from onnx import ModelProto
 
 from . import _batchnorm as batchnorm
+from ._backends import default_backend
 from ._binding import DeviceArray, io_binding, make_session, to_ortvalue
-from ._gradient import ForwardBackwardGraphs, ForwardBackwardRunner, default_backend
+from ._gradient import ForwardBackwardGraphs, ForwardBackwardRunner
 from ._runtime import Device, parse_device
 from .exceptions import GraphNotDifferentiableError
 from .graph import (

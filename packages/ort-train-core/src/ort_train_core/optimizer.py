@@ -11,10 +11,11 @@ from typing import Any, NamedTuple
 import numpy as np
 from onnx import ModelProto, helper
 
+from ._backends import default_backend
 from ._binding import CachedBinding, count_input_values, cpu_threads, make_session
 from ._cache import LRUCache, model_digest
 from ._data import BatchStore
-from ._gradient import FusedStepSignature, GradientBackend, default_backend
+from ._gradient import FusedStepSignature, GradientBackend
 from ._loss_trainer import FitGraphs, LossGraphTrainer, validation_rows
 from ._runner import MAX_PREBOUND_BATCHES, DoubleBufferedRunner, host_ortvalue
 from ._runtime import Device
@@ -62,7 +63,7 @@ def fused_step_graph(
     lr : BaseLearningRate
         The learning rate, whose nodes update the weights.
     backend : GradientBackend or None, default=None
-        The gradient backend (None: :func:`~._gradient.default_backend`).
+        The gradient backend (None: :func:`~._backends.default_backend`).
 
     Returns
     -------

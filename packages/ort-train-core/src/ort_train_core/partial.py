@@ -16,6 +16,7 @@ import onnx
 from onnx import ModelProto, helper
 
 from . import _batchnorm as batchnorm
+from ._backends import default_backend
 from ._binding import (
     DeviceArray,
     count_input_values,
@@ -31,7 +32,6 @@ from ._gradient import (
     UpdateSignature,
     build_loss_gradient_graph,
     build_update_graph,
-    default_backend,
 )
 from ._loss_trainer import FitGraphs, LossGraphTrainer, validation_rows
 from ._runner import DoubleBufferedRunner, host_ortvalue

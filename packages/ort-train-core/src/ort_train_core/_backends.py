@@ -1,0 +1,61 @@
+"""The one place that chooses the gradient backend.
+
+The seam (:mod:`._gradient`) declares what a backend offers and imports none; trainers, adapters
+and the command line ask this module for one (:func:`get_backend`) and never name a backend
+class. A backend is registered here by name, as the module and class that implement
+:class:`~._gradient.GradientBackend`, and is imported only when it is first chosen: a runtime
+without the training build of onnxruntime can import everything else.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._gradient import GradientBackend
+
+#: backend name -> (module, class) implementing :class:`~._gradient.GradientBackend`
+BACKENDS: dict[str, tuple[str, str]] = {
+    "onnxruntime-training": ("ort_train_core._ort_training", "OrtTrainingBackend"),
+}
+#: the backend chosen when none is named (the only one the training build needs today)
+DEFAULT_BACKEND = "onnxruntime-training"
+
+
+def get_backend(name: str | None = None) -> GradientBackend:
+    """The gradient backend registered as ``name`` (one instance per process).
+
+    Parameters
+    ----------
+    name : str or None, default=None
+        A key of :data:`BACKENDS`; None chooses :data:`DEFAULT_BACKEND`.
+
+    Returns
+    -------
+    GradientBackend
+        The backend.
+
+    Raises
+    ------
+    ValueError
+        When ``name`` is not a registered backend.
+    """
+    key = DEFAULT_BACKEND if name is None else name
+    if key not in BACKENDS:
+        raise ValueError(f"unknown gradient backend {name!r}: choose one of {sorted(BACKENDS)} (or None)")
+    return _instance(key)
+
+
+@functools.cache
+def _instance(key: str) -> GradientBackend:
+    # cached per resolved name: None and the default's own name give the same instance
+    module, cls = BACKENDS[key]
+    backend: GradientBackend = getattr(importlib.import_module(module), cls)()
+    return backend
+
+
+def default_backend() -> GradientBackend:
+    """The backend chosen when none is named: ``get_backend(None)``."""
+    return get_backend(None)
