@@ -304,12 +304,12 @@ class BaseOrtTrainer(ParamsMixin):
         epoch are done again.
 
         A checkpoint records what decides the final weights: ``batch_size``, ``shuffle``,
-        ``random_state`` and a fingerprint of the data (shapes, dtypes and 64 evenly spaced rows
-        of X, y and sample weights, and of the validation data). One written with other values
-        is refused with :class:`~ort_train_core.exceptions.CheckpointMismatchError` (a
+        ``random_state`` and a fingerprint of the data (a sha256 of the shapes, dtypes and every
+        value of X, y and sample weights, and of the validation data). One written with other
+        values is refused with :class:`~ort_train_core.exceptions.CheckpointMismatchError` (a
         ValueError naming the parameter) before anything is restored. A checkpoint of an
-        earlier version, which recorded no seed nor data fingerprint, resumes with a
-        UserWarning.
+        earlier version, which recorded no seed nor data fingerprint or one of 64 sampled rows,
+        resumes with a UserWarning saying what could not be checked.
 
         Parameters
         ----------

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import numpy as np
 from onnx import ModelProto
 
-from ._data import dense_rows
+from ._data import is_sparse
 from ._io import check_regular_file
 from ._npz import read_npz
 from .callbacks import Callback
@@ -558,36 +558,54 @@ def _from_jsonable(value: Any) -> Any:
 
 
 # ---- which model and run wrote a checkpoint ----------------------------------------------------
-#: rows of each array hashed into a data fingerprint: evenly spaced from the first to the last,
-#: so that another file, split or order is caught at a cost independent of the data's size (an
-#: edit confined to rows between them is not)
-FINGERPRINT_ROWS = 64
+#: the prefix of a data fingerprint that hashes every value; an earlier version wrote a bare
+#: sha256 of 64 evenly spaced rows, which :func:`check_checkpoint` can no longer compare
+FINGERPRINT_SCHEME = "sha256-all:"
+#: bytes hashed at a time: no copy of the data, however large
+_HASH_CHUNK = 1 << 20
 
 
-def data_fingerprint(arrays: Sequence[np.ndarray | None]) -> str:
-    """sha256 of each array's shape, dtype and FINGERPRINT_ROWS evenly spaced rows.
+def data_fingerprint(arrays: Sequence[Any]) -> str:
+    """sha256 of each array's shape, dtype and every value, streamed in 1 MiB chunks.
+
+    About 35 ms for a 100 000 x 50 float32 array (20 MB) on one core, once per fit: an epoch
+    of it takes 450 ms at the default batch size of 10. A sparse matrix hashes its canonical
+    CSR arrays (the same matrix with its entries in another order gives the same digest; the
+    same values dense give another).
 
     Parameters
     ----------
-    arrays : sequence of numpy.ndarray or None
+    arrays : sequence of numpy.ndarray, scipy.sparse CSR matrix or None
         X, y and sample weights as the fit trains on them (validated and cast), None for an
         absent one.
 
     Returns
     -------
     str
-        A hex digest; equal data give equal digests in any process.
+        ``'sha256-all:'`` and a hex digest; equal data give equal digests in any process.
     """
     digest = hashlib.sha256()
     for a in arrays:
         if a is None:
             digest.update(b"none;")
             continue
-        n = a.shape[0] if a.ndim else 1
-        rows = np.unique(np.linspace(0, n - 1, num=min(n, FINGERPRINT_ROWS)).round().astype(np.int64))
         digest.update(f"{a.shape};{a.dtype.str};".encode())
-        digest.update(np.ascontiguousarray(dense_rows(a, rows) if a.ndim else a).tobytes())
-    return digest.hexdigest()
+        if is_sparse(a):
+            csr = a if a.has_canonical_format else a.tocsr(copy=True)
+            csr.sum_duplicates()  # sorts each row's indices (on the copy when not canonical)
+            digest.update(b"csr;")
+            for part in (csr.indptr, csr.indices, csr.data):
+                _hash_array(digest, part)
+        else:
+            _hash_array(digest, a)
+    return FINGERPRINT_SCHEME + digest.hexdigest()
+
+
+def _hash_array(digest: Any, a: np.ndarray) -> None:
+    """Feeds ``a``'s bytes to ``digest`` chunk by chunk (a view: no copy of C-contiguous data)."""
+    flat = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    for k in range(0, flat.size, _HASH_CHUNK):
+        digest.update(flat[k : k + _HASH_CHUNK])
 
 
 def resume_record(
@@ -674,10 +692,22 @@ def check_checkpoint(
         )
     if record is None:
         return []
+    unchecked = [k for k in record if k not in meta]
     for key, given in record.items():
-        if key in meta and meta[key] != given:
-            raise _mismatch(path, key, meta[key], given)
-    return [k for k in record if k not in meta]
+        if key not in meta or meta[key] == given:
+            continue
+        if _sampled_fingerprint(meta[key]) and isinstance(given, str):
+            # decided: resumable (its run's data may well be these), said in the warning
+            unchecked.append(f"{key} (its fingerprint of 64 sampled rows)")
+            continue
+        raise _mismatch(path, key, meta[key], given)
+    return unchecked
+
+
+def _sampled_fingerprint(saved: Any) -> bool:
+    """Whether a checkpoint's data fingerprint is an earlier version's hash of 64 sampled rows,
+    which the hash of every value cannot be compared with."""
+    return isinstance(saved, str) and not saved.startswith(FINGERPRINT_SCHEME)
 
 
 #: how a resume mismatch is told: the parameter, and the fix
@@ -720,8 +750,8 @@ def warn_unchecked(path: str, missing: Sequence[str], stacklevel: int) -> None:
     if missing:
         warnings.warn(
             f"{path} was written by an earlier version of ort-train, which did not record "
-            f"{list(missing)}: resuming without checking them; give the interrupted run's data and "
-            "settings",
+            f"{list(missing)} in the form this one checks: they could not be checked; resuming, "
+            "give the interrupted run's data and settings",
             UserWarning,
             stacklevel=stacklevel + 1,
         )

@@ -189,8 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume",
         action="store_true",
         help=(
-            "continue from the --checkpoint up to --epochs in all; another --data, --batch-size, "
-            "--shuffle or --seed than the checkpoint's is refused"
+            "continue from the --checkpoint up to --epochs in all; another --data (every value is "
+            "checked), --batch-size, --shuffle or --seed than the checkpoint's is refused"
         ),
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -318,7 +318,8 @@ def _load_csv(path: str, target: str) -> tuple[np.ndarray, np.ndarray, list[str]
             _check_header(path, names, target)
             with warnings.catch_warnings():  # no rows: refused below with the file's name
                 warnings.filterwarnings("ignore", "loadtxt: input contained no data")
-                table = np.loadtxt(f, delimiter=",", ndmin=2, dtype=np.float64)
+                # comments=None: loadtxt's '#' would drop a row starting with '#N/A' unseen
+                table = np.loadtxt(f, delimiter=",", ndmin=2, dtype=np.float64, comments=None)
         except UnicodeDecodeError as exc:
             raise _UsageError(
                 f"{path} is not UTF-8 text (it holds the byte {exc.object[exc.start]:#04x}); save it as UTF-8"
@@ -326,7 +327,7 @@ def _load_csv(path: str, target: str) -> tuple[np.ndarray, np.ndarray, list[str]
         except _UsageError:
             raise
         except ValueError as exc:
-            raise _UsageError(f"{path}: every value after the header must be a number ({exc})") from exc
+            raise _UsageError(f"{path}: {_csv_problem(path, names) or exc}") from exc
     if table.shape[0] == 0:
         raise _UsageError(f"{path} has a header but no rows")
     if table.shape[1] != len(names):
@@ -334,6 +335,28 @@ def _load_csv(path: str, target: str) -> tuple[np.ndarray, np.ndarray, list[str]
     t = names.index(target)
     features = [j for j in range(len(names)) if j != t]
     return table[:, features], table[:, t], [names[j] for j in features]
+
+
+def _csv_problem(path: str, names: list[str]) -> str | None:
+    """The first row that numpy.loadtxt refused, by file line (the header is line 1) and column:
+    a value that is not a number, or a row of another length (numpy counts data rows from 0
+    and advises ``usecols``). Read again only on failure, split as loadtxt splits (no quotes)."""
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        next(f, None)
+        for line_no, line in enumerate(f, start=2):
+            text = line.rstrip("\r\n")
+            if not text:  # loadtxt skips empty lines
+                continue
+            values = text.split(",")
+            if len(values) != len(names):
+                return f"line {line_no} holds {len(values)} values but the header names {len(names)} columns"
+            for name, value in zip(names, values):
+                try:
+                    float(value)
+                except ValueError:
+                    where = f"line {line_no}, column {name!r}"
+                    return f"{where}: {value.strip()!r} is not a number; fill or drop the missing values"
+    return None
 
 
 def _check_header(path: str, names: list[str], target: str) -> None:
