@@ -447,8 +447,16 @@ def _check_input(spec: FeatureSpec, value: Any, what: str) -> np.ndarray:
 
 
 def _check_class_indices(spec: DataSpec, ya: np.ndarray, prefix: str) -> np.ndarray:
-    """One class index per row, in 0..n_classes-1 and in the label's integer type."""
-    if ya.ndim != 1:
+    """Class indices of the label's shape, in 0..n_classes-1 and in the label's integer type:
+    one per row, or one per position for a label ``[N, d1, ...]`` (logits ``[N, C, d1, ...]``,
+    or a loss that declares its ``label_shape``)."""
+    if spec.label_tail:
+        # a flat y is a column only for a label [N, 1]: for [N, ?] (a sequence of unknown
+        # length) one label per row would broadcast against every position
+        if ya.ndim == 1 and spec.label_tail == (1,):
+            ya = ya.reshape(-1, 1)
+        _check_label_shape(spec.label_tail, ya, prefix)
+    elif ya.ndim != 1:
         ya = ya.reshape(ya.shape[0], -1)
         if ya.shape[1] != 1:
             raise ValueError(f"{prefix}y must hold one class index per row, got shape {ya.shape}")
@@ -476,10 +484,15 @@ def _check_label_values(spec: DataSpec, ya: np.ndarray, prefix: str) -> np.ndarr
         ya = ya.reshape(-1, 1)
     elif ya.ndim == 2 and not tail and ya.shape[1] == 1:
         ya = ya[:, 0]
+    _check_label_shape(tail, ya, prefix)
+    return cast_checked(f"{prefix}y", ya, spec.label_dtype)
+
+
+def _check_label_shape(tail: tuple[int | None, ...], ya: np.ndarray, prefix: str) -> None:
+    """``ya`` has the label's rank and its fixed dimensions after the rows."""
     if ya.ndim != len(tail) + 1 or any(d is not None and d != k for d, k in zip(tail, ya.shape[1:])):
         want = ", ".join(["n", *(str(d) if d is not None else "?" for d in tail)])
         raise ValueError(f"{prefix}y has shape {ya.shape} but the model's label expects ({want})")
-    return cast_checked(f"{prefix}y", ya, spec.label_dtype)
 
 
 def _check_sample_weight(spec: DataSpec, sample_weight: Any, n: int, prefix: str) -> np.ndarray:

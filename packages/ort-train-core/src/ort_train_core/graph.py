@@ -232,18 +232,17 @@ def add_loss_output(
     onx : onnx.ModelProto
         The prediction graph; it is not modified.
     score_name : str or BaseLearningLoss, default='squared_error'
-        ``'squared_error'`` (``'l2'``), ``'absolute_error'`` (``'l1'``), ``'elastic'``, ``'log'``
-        (the output holds probabilities), ``'cross_entropy'`` (logits: one column sigmoid,
-        several softmax; int64 labels), scikit-learn's SGD losses (``'hinge'``,
-        ``'perceptron'``, ``'squared_hinge'``, ``'modified_huber'`` on decision values, one
-        column or one per class one-vs-rest, int64 labels; ``'huber'``,
-        ``'epsilon_insensitive'``, ``'squared_epsilon_insensitive'``), or a loss object.
+        A name of :func:`~ort_train_core.losses.make_loss` (``'log'``: probabilities) or a loss
+        object. Classification losses take int64 class indices: one per row of a prediction
+        ``[N]`` or ``[N, C]`` (``'cross_entropy'``: logits, sigmoid or softmax; SGD losses:
+        decision values, one-vs-rest), one per position ``[N, d1, ...]`` of logits
+        ``[N, C, d1, ...]`` (``'cross_entropy'``, ``'log'``: torch's class axis 1, a row's loss
+        the mean of its positions, :class:`~ort_train_core.losses.CrossEntropyLearningLoss`).
     loss_name : str, default='loss'
         The name of the loss output.
     label_name : str, optional
-        The name of the label input; by default ``'label'``, or ``'label_1'``, ``'label_2'``...
-        when the graph already uses it (skl2onnx's classifiers output ``'label'``). The name
-        chosen is recorded in the metadata the trainers read (``label_name``).
+        The label input's name (``'label'`` by default, ``'label_1'``... when taken), of the
+        loss's ``label_shape``; recorded in the metadata (``label_name``).
     weight_name : str, optional
         The name of a sample-weight input (shape ``[N]``) to add; none by default.
     penalty : dict, optional
@@ -270,14 +269,29 @@ def add_loss_output(
     """
     if not isinstance(onx, ModelProto):
         raise TypeError(f"onx must be an onnx.ModelProto, not {type(onx).__name__}")
+    names = (loss_name, label_name, weight_name)
+    return _loss_model(onx, score_name, kwargs, names, penalty, output_index, reduction)
+
+
+def _loss_model(
+    onx: ModelProto,
+    score_name: str | BaseLearningLoss,
+    kwargs: dict[str, Any],
+    names: tuple[str, str | None, str | None],
+    penalty: Mapping[str, float | Mapping[str, float] | BaseLearningPenalty] | None,
+    output_index: int | str,
+    reduction: str,
+) -> ModelProto:
+    """:func:`add_loss_output` past its type check: the loss checked, then the graph."""
     loss = _checked_loss(score_name, kwargs)
     model = normalise_model(onx)
-    output_index = _output_position(model, output_index)
+    output_position = _output_position(model, output_index)
+    loss_name, label_name, weight_name = names
     if label_name is None:
         label_name = _free_name(all_names(model), "label")
-    names = (loss_name, label_name, weight_name)
-    pred_shape, data_loss = _append_loss(model, loss, names, penalty, output_index, reduction)
-    _record_loss(model, score_name, loss, names, pred_shape, reduction)
+    chosen = (loss_name, label_name, weight_name)
+    pred_shape, data_loss = _append_loss(model, loss, chosen, penalty, output_position, reduction)
+    _record_loss(model, score_name, loss, chosen, pred_shape, reduction)
     if data_loss is not None:
         # score and the validation losses measure the fit to data, without the penalty (as
         # scikit-learn's scores and onnxcustom's): a penalty term would make a model selection
@@ -399,7 +413,8 @@ def _record_loss(
     set_metadata(model, "prediction_outputs", [o.name for o in model.graph.output[1:]])
     set_metadata(model, "reduction", reduction)
     if loss.integer_labels:
-        n_cols = pred_shape[1] if len(pred_shape) == 2 else 1
+        # the class axis is 1, also for logits with labels per position [N, C, d1, ...]
+        n_cols = pred_shape[1] if len(pred_shape) >= 2 else 1
         set_metadata(model, "n_classes", 2 if n_cols == 1 else n_cols)
     set_metadata(
         model,
@@ -849,7 +864,8 @@ def initializers_to_inputs(model: ModelProto, names: Sequence[str]) -> ModelProt
     model = _copy(model)
     g = model.graph
     inits = {i.name: i for i in g.initializer}
-    keep = [i for i in g.initializer if i.name not in set(names)]
+    moved = set(names)  # built once: per initializer it was quadratic (20k weights: minutes)
+    keep = [i for i in g.initializer if i.name not in moved]
     del g.initializer[:]
     g.initializer.extend(keep)
     existing = {i.name for i in g.input}

@@ -1,8 +1,9 @@
 """Losses and penalties of the math contract (DESIGN.md), each written once as ONNX nodes.
 
 ``add_loss_output`` puts them inside a graph for the fused loop; the partial loop runs the same
-nodes as small standalone graphs. A loss emits the per-row loss ``l_i`` (shape ``[N]``); the
-reduction with sample weights is shared (:func:`reduce_rows`).
+nodes as small standalone graphs. A loss emits the per-row loss ``l_i`` (shape ``[N]``; with
+labels per position, the mean of the row's positions); the reduction with sample weights is
+shared (:func:`reduce_rows`).
 """
 
 from __future__ import annotations
@@ -28,11 +29,17 @@ class BaseLearningLoss(ParamsMixin):
     partial loop runs them as a small graph of their own. Subclasses store their constructor
     arguments under the same names (scikit-learn's ``get_params``/``set_params`` protocol).
 
+    A custom loss declares its label by :attr:`integer_labels` and :meth:`label_shape`: the
+    graph's label input gets that element type and shape, and ``fit`` checks ``y`` against
+    them (integer labels: class indices of that shape; float labels: values of that shape);
+    batches slice the label's first axis as they slice the features'.
+
     Attributes
     ----------
     integer_labels : bool
-        True when the label is an integer class index (int64, shape ``[N]``) rather than a
-        float target shaped like the prediction.
+        True when the label holds integer class indices (int64: shape ``[N]`` for a prediction
+        ``[N]`` or ``[N, C]``, one per position ``[N, d1, ...]`` for logits ``[N, C, d1, ...]``)
+        rather than a float target shaped like the prediction.
     """
 
     integer_labels = False
@@ -64,6 +71,9 @@ class BaseLearningLoss(ParamsMixin):
     def label_shape(self, pred_shape: list[Any]) -> list[Any]:
         """The shape of the label input for a prediction of shape ``pred_shape``.
 
+        A custom loss overrides it to declare another shape (the first dimension stays the
+        rows, ``'N'``): ``fit`` then checks ``y`` against it instead of the default.
+
         Parameters
         ----------
         pred_shape : list
@@ -72,9 +82,12 @@ class BaseLearningLoss(ParamsMixin):
         Returns
         -------
         list
-            ``['N']`` for integer labels, else ``['N', *pred_shape[1:]]``.
+            Integer labels: ``['N', *pred_shape[2:]]``, one class index per row (``['N']``)
+            for a prediction of rank 1 or 2, one per position for logits ``[N, C, d1, ...]``
+            (the class axis is 1, as torch's ``cross_entropy``). Float labels:
+            ``['N', *pred_shape[1:]]``.
         """
-        return ["N"] if self.integer_labels else ["N", *pred_shape[1:]]
+        return ["N", *pred_shape[2:]] if self.integer_labels else ["N", *pred_shape[1:]]
 
     def label_elem_type(self, pred_elem_type: int) -> int:
         """The ONNX element type of the label input.
@@ -170,30 +183,52 @@ class ElasticLearningLoss(_ElementwiseLoss):
 
 
 def _n_columns(pred_shape: list[int | None]) -> int | None:
+    """The columns of a prediction of rank 1 or 2 (the margin losses: one decision value per
+    class and row)."""
     if len(pred_shape) <= 1:
         return 1
     if len(pred_shape) != 2:
-        raise ValueError(f"classification losses need a prediction of rank 1 or 2, got shape {pred_shape}")
+        raise ValueError(
+            f"this loss needs a prediction of rank 1 or 2, got shape {pred_shape}; logits with "
+            "per-position labels ([N, C, d1, ...] with int64 labels [N, d1, ...]) train with "
+            "'cross_entropy' or 'log'"
+        )
     return pred_shape[1]
 
 
+def _n_classes(pred_shape: list[int | None]) -> int | None:
+    """The classes of a prediction ``[N]`` (one logit), ``[N, C]`` or ``[N, C, d1, ...]``: the
+    class axis is 1, as in torch's ``cross_entropy``."""
+    return 1 if len(pred_shape) <= 1 else pred_shape[1]
+
+
+def _position_mean(b: NodeBuilder, x: str, pred_shape: list[int | None]) -> str:
+    """Each row's loss from a per-position loss ``[N, d1, ...]`` (logits ``[N, C, d1, ...]``):
+    the mean over the positions, ``l_i = mean_p l_ip``; a per-row loss ``[N]`` as it is."""
+    if len(pred_shape) <= 2:
+        return x
+    return b.reduce("ReduceMean", x, list(range(1, len(pred_shape) - 1)), 0, "row_loss")
+
+
 def _float_label_like(b: NodeBuilder, label: str, pred_shape: list[int | None]) -> str:
-    """An integer 0/1 label cast to float and shaped like a one-column prediction."""
+    """An integer 0/1 label cast to float and shaped like a one-column prediction (the column
+    on axis 1: ``[N, 1]``, or ``[N, 1, d1, ...]`` for labels per position)."""
     y = b.cast(label, hint="label_float")
-    if len(pred_shape) == 2:
+    if len(pred_shape) >= 2:
         y = b.op("Unsqueeze", [y, b.int_const([1])], "label_col")
     return y
 
 
 def _one_hot(b: NodeBuilder, label: str, n_cols: int) -> str:
+    """The 0/1 indicator of the labels ``[N, d1, ...]`` on a class axis 1: ``[N, C, d1, ...]``."""
     depth = b.int_const([n_cols], "depth")
     if b.elem_type == TensorProto.FLOAT:
         values = b.const([0.0, 1.0], "onehot_values")
-        return b.op("OneHot", [label, depth, values], "onehot", axis=-1)
+        return b.op("OneHot", [label, depth, values], "onehot", axis=1)
     # onnxruntime has OneHot kernels for float, int64 and int32 values only (none for double):
     # build the 0/1 matrix in float and cast it, which is exact
     values = b.const([0.0, 1.0], "onehot_values", dtype=np.float32)
-    hot = b.op("OneHot", [label, depth, values], "onehot_f32", axis=-1)
+    hot = b.op("OneHot", [label, depth, values], "onehot_f32", axis=1)
     return b.cast(hot, hint="onehot")
 
 
@@ -207,7 +242,9 @@ class NegLogLearningLoss(BaseLearningLoss):
     gradient.
 
     A prediction of one column holds the probability of class 1; one of several columns, a
-    probability per class. The label holds class indices (int64).
+    probability per class. The label holds class indices (int64). A prediction
+    ``[N, C, d1, ...]`` takes labels per position ``[N, d1, ...]`` (class axis 1), each row's
+    loss being the mean over its positions, as :class:`CrossEntropyLearningLoss`.
 
     Parameters
     ----------
@@ -221,7 +258,8 @@ class NegLogLearningLoss(BaseLearningLoss):
     Attributes
     ----------
     integer_labels : bool
-        True: the label is a class index (int64, shape ``[N]``).
+        True: the label holds class indices (int64, shape ``[N]``, or ``[N, d1, ...]`` for a
+        prediction ``[N, C, d1, ...]``).
     """
 
     integer_labels = True
@@ -240,31 +278,43 @@ class NegLogLearningLoss(BaseLearningLoss):
             )
 
     def row_loss(self, b: NodeBuilder, pred: str, label: str, pred_shape: list[int | None]) -> str:
-        n_cols = _n_columns(pred_shape)
+        n_cols = _n_classes(pred_shape)
         if self.probability_function == "softmax" or (self.probability_function == "sigmoid" and n_cols == 1):
             # from the scores, as log-softmax: clipping the probability zeroed the gradient of
             # every row whose true-class probability fell under eps (|score| > 11.5 at eps=1e-5),
             # so confidently wrong rows stopped teaching; onnxcustom's gradient was p - y there
             return CrossEntropyLearningLoss().row_loss(b, pred, label, pred_shape)
+        if n_cols is None:
+            raise ValueError("the 'log' loss needs the number of classes (the prediction's dim 1)")
         if self.probability_function == "sigmoid":
-            # a sigmoid per class: -log sigmoid(z_y) = -log_softmax([0, z_y])[1], likewise
-            if n_cols is None:
-                raise ValueError("the 'log' loss needs the number of classes (the prediction's dim 1)")
-            z_true = b.reduce("ReduceSum", b.op("Mul", [_one_hot(b, label, n_cols), pred]), [1], 1, "z_true")
-            logp = b.op("LogSoftmax", [_binary_logits(b, z_true)], "log_sigmoid", axis=1)
-            column = b.const(np.array(1, dtype=np.int64), "true_column", dtype=np.int64)
-            picked = b.op("Gather", [logp, column], "log_p_true", axis=1)
-            return b.op("Neg", [picked], "nll")
+            nll = self._sigmoid_per_class(b, pred, label, n_cols)
+        else:
+            nll = self._clipped(b, pred, label, pred_shape, n_cols)
+        return _position_mean(b, nll, pred_shape)
+
+    @staticmethod
+    def _sigmoid_per_class(b: NodeBuilder, pred: str, label: str, n_cols: int) -> str:
+        """``-log sigmoid(z_y) = -log_softmax([0, z_y])[1]`` per position, ``[N, d1, ...]``."""
+        z_true = b.reduce("ReduceSum", b.op("Mul", [_one_hot(b, label, n_cols), pred]), [1], 1, "z_true")
+        logp = b.op("LogSoftmax", [_binary_logits(b, z_true)], "log_sigmoid", axis=1)
+        column = b.const(np.array(1, dtype=np.int64), "true_column", dtype=np.int64)
+        picked = b.op("Gather", [logp, column], "log_p_true", axis=1)
+        return b.op("Neg", [picked], "nll")
+
+    def _clipped(
+        self, b: NodeBuilder, pred: str, label: str, pred_shape: list[int | None], n_cols: int
+    ) -> str:
+        """``-log clip(p_y, eps, 1 - eps)`` per position from probabilities, ``[N, d1, ...]``."""
         p = b.op("Clip", [pred, b.const(self.eps, "eps"), b.const(1.0 - self.eps, "one_m_eps")], "p")
         if n_cols == 1:
             y = _float_label_like(b, label, pred_shape)
             one_m_y = b.op("Sub", [b.const(1.0, "one"), y], "one_m_y")
             one_m_p = b.op("Sub", [b.const(1.0, "one"), p], "one_m_p")
             pt = b.op("Add", [b.op("Mul", [y, p]), b.op("Mul", [one_m_y, one_m_p])], "p_true")
-            return _sum_columns(b, b.op("Neg", [b.op("Log", [pt])], "nll"), pred_shape)
-        if n_cols is None:
-            raise ValueError("the 'log' loss needs the number of classes (the prediction's dim 1)")
-        pt = b.reduce("ReduceSum", b.op("Mul", [_one_hot(b, label, n_cols), p]), [1], 0, "p_true")
+            if len(pred_shape) >= 2:  # the one column, axis 1
+                pt = b.reduce("ReduceSum", pt, [1], 0, "p_true_col")
+        else:
+            pt = b.reduce("ReduceSum", b.op("Mul", [_one_hot(b, label, n_cols), p]), [1], 0, "p_true")
         return b.op("Neg", [b.op("Log", [pt])], "nll")
 
 
@@ -275,25 +325,38 @@ class CrossEntropyLearningLoss(BaseLearningLoss):
     are computed as ``-log_softmax(logits)[y]``, a single column as the logits ``[0, z]``. The
     label holds class indices (int64). It takes no parameter.
 
+    Per-position labels (segmentation, language models): logits ``[N, C, d1, ...]`` with
+    labels ``[N, d1, ...]``, the class axis 1 as in torch's ``cross_entropy``. Each position
+    ``p`` of row ``i`` has ``l_ip = logsumexp_c(z_icp) - z_{i y_ip p}`` (one logit channel,
+    ``C = 1``: the binary form), and the row's loss is the mean over its ``P = d1 * ...``
+    positions, ``l_i = (1 / P) sum_p l_ip``. With sample weights ``s_i`` the batch loss of
+    ``reduction='mean'`` is ``L = sum_i s_i l_i / sum_i s_i``: every position of a row weighs
+    ``s_i``, and without weights ``L`` is torch's ``cross_entropy(z, y)`` (the mean over every
+    position, all rows having ``P`` positions), with them
+    ``(cross_entropy(z, y, reduction='none') * s[:, None, ...]).sum() / (P * s.sum())``.
+    ``'sum'`` adds the rows' means, ``sum_i s_i l_i``: torch's ``reduction='sum'`` divided
+    by ``P``. torch's ``ignore_index`` has no counterpart: negative labels are refused.
+
     Attributes
     ----------
     integer_labels : bool
-        True: the label is a class index (int64, shape ``[N]``).
+        True: the label holds class indices (int64, shape ``[N]``, or ``[N, d1, ...]`` for
+        logits ``[N, C, d1, ...]``).
     """
 
     integer_labels = True
 
     def row_loss(self, b: NodeBuilder, pred: str, label: str, pred_shape: list[int | None]) -> str:
-        n_cols = _n_columns(pred_shape)
+        n_cols = _n_classes(pred_shape)
         if n_cols == 1:
             # binary: the two-class softmax of logits [0, z] (gradient sigmoid(z) - y)
-            z = pred if len(pred_shape) == 2 else b.op("Unsqueeze", [pred, b.int_const([1])], "logit_col")
+            z = pred if len(pred_shape) >= 2 else b.op("Unsqueeze", [pred, b.int_const([1])], "logit_col")
             pred, n_cols = _binary_logits(b, z), 2
         if n_cols is None:
             raise ValueError("'cross_entropy' needs the number of classes (the prediction's dim 1)")
         logp = b.op("LogSoftmax", [pred], "log_softmax", axis=1)
         picked = b.reduce("ReduceSum", b.op("Mul", [_one_hot(b, label, n_cols), logp]), [1], 0)
-        return b.op("Neg", [picked], "ce")
+        return _position_mean(b, b.op("Neg", [picked], "ce"), pred_shape)
 
 
 def _binary_logits(b: NodeBuilder, z: str) -> str:

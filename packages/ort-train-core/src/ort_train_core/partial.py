@@ -353,7 +353,8 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
         loss = self._loss()
         pred = model.graph.output[self.output_index]
         _, shape = output_shape(model, pred.name)
-        n_cols = shape[1] if len(shape) == 2 else 1
+        # the class axis is 1, also for logits with labels per position [N, C, d1, ...]
+        n_cols = shape[1] if len(shape) >= 2 else 1
         if isinstance(loss, NegLogLearningLoss):
             function = loss.probability_function
         elif isinstance(loss, CrossEntropyLearningLoss):
