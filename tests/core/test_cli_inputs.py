@@ -369,7 +369,7 @@ def test_stale_temporaries_of_a_killed_run_are_cleaned(model, tmp_path, capsys):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     old = time.time() - 24 * 3600
-    stale = [tmp_path / ".ort-train-k1ll3d00.tmp", ckpt / ".checkpoint-k1ll3d00.tmp"]
+    stale = [tmp_path / ".ort-train-0123456789ab.tmp", ckpt / ".checkpoint-0123456789ab.tmp"]
     kept = [
         tmp_path / ".ort-train-running.tmp",
         ckpt / ".checkpoint-running.tmp",

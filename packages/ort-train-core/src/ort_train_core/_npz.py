@@ -75,6 +75,9 @@ def read_npz(path: str | os.PathLike[str], kind: str = ".npz file") -> dict[str,
     except _READ_ERRORS as exc:
         raise ValueError(f"{path} is not a readable {kind} (not a complete zip archive: {exc})") from exc
     arrays: dict[str, np.ndarray] = {}
+    # the memory the arrays may take, all together: a compressed archive's headers can declare
+    # a thousand times its size, which numpy would allocate and fail on with a MemoryError
+    budget = memory_available()
     with archive:
         for info in archive.infolist():
             name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
@@ -82,9 +85,13 @@ def read_npz(path: str | os.PathLike[str], kind: str = ".npz file") -> dict[str,
                 raise ValueError(f"{path} is not a readable {kind}: it holds the array {name!r} twice")
             try:
                 with archive.open(info) as member:
-                    arrays[name] = _read_member(member, info.file_size)
+                    arrays[name] = _read_member(member, info.file_size, budget)
+                if budget is not None:
+                    budget -= arrays[name].nbytes
             except _BadMember as exc:
                 raise ValueError(f"{path} is not a readable {kind}: array {name!r} {exc}") from exc
+            except MemoryError as exc:  # memory another process took while reading
+                raise ValueError(f"{path}: not enough memory to read its array {name!r}") from exc
             except _READ_ERRORS as exc:
                 raise ValueError(
                     f"{path} is not a readable {kind}: array {name!r} cannot be read (the file is "
@@ -93,8 +100,34 @@ def read_npz(path: str | os.PathLike[str], kind: str = ".npz file") -> dict[str,
     return arrays
 
 
-def _read_member(member: IO[bytes], member_size: int) -> np.ndarray:
-    """One ``.npy`` member: header checked against the member's size, then its data."""
+def memory_available() -> int | None:
+    """The bytes of memory a read may still take (Linux's MemAvailable); None where unknown.
+
+    Returns
+    -------
+    int or None
+        The available memory in bytes, None when the system does not tell it.
+    """
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / (1 << 20):.1f} MiB"
+
+
+def _read_member(member: IO[bytes], member_size: int, budget: int | None = None) -> np.ndarray:
+    """One ``.npy`` member: header checked against the member's size and the memory ``budget``
+    (bytes, None for no limit), then its data."""
     try:
         version = np.lib.format.read_magic(member)
     except ValueError as exc:
@@ -115,6 +148,11 @@ def _read_member(member: IO[bytes], member_size: int) -> np.ndarray:
         raise _BadMember(
             f"declares shape {shape} of {dtype} ({nbytes} bytes) but its member holds {max(available, 0)} "
             "bytes (a truncated or forged file)"
+        )
+    if budget is not None and nbytes > budget:
+        raise _BadMember(
+            f"declares shape {shape} of {dtype} ({_mib(nbytes)}), more than the {_mib(max(budget, 0))} of "
+            "memory available; free memory, or use a smaller file"
         )
     data = bytearray()
     while len(data) < nbytes:

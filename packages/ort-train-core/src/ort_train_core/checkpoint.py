@@ -23,6 +23,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import secrets
 import stat
 import time
@@ -245,7 +246,7 @@ def _create_temporary(folder: str, prefix: str) -> tuple[int, str]:
     """
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0) | getattr(os, "O_NOFOLLOW", 0)
     for _ in range(100):
-        tmp = os.path.join(folder, f"{prefix}{secrets.token_hex(6)}.tmp")
+        tmp = os.path.join(folder, f"{prefix}{secrets.token_hex(_TOKEN_BYTES)}.tmp")
         try:
             return os.open(tmp, flags, 0o666), tmp
         except FileExistsError:
@@ -274,20 +275,26 @@ def _process_start() -> float:
         return _IMPORTED_AT
 
 
+#: random bytes in a temporary's name: ``<prefix><12 hex digits>.tmp``
+_TOKEN_BYTES = 6
+
+
 def _remove_stale_temporaries(folder: str, prefix: str) -> None:
-    """Removes ``prefix*.tmp`` regular files last modified before this process started: a
-    writer killed mid-write (SIGKILL, power loss) leaves its temporary behind, and no write
+    """Removes ``<prefix><12 hex digits>.tmp`` regular files (the names _create_temporary
+    makes, never a user's ``.ort-train-notes.tmp``) last modified before this process started:
+    a writer killed mid-write (SIGKILL, power loss) leaves its temporary behind, and no write
     still running in this process or any other started since can be that old."""
     if (folder, prefix) in _CLEANED:
         return
     _CLEANED.add((folder, prefix))
+    own = re.compile(re.escape(prefix) + f"[0-9a-f]{{{2 * _TOKEN_BYTES}}}" + r"\.tmp")
     started = _process_start()
     try:
         entries = list(os.scandir(folder))
     except OSError:
         return
     for entry in entries:
-        if not (entry.name.startswith(prefix) and entry.name.endswith(".tmp")):
+        if not own.fullmatch(entry.name):
             continue
         with contextlib.suppress(OSError):  # gone already, or not ours to remove
             info = entry.stat(follow_symlinks=False)
@@ -479,8 +486,8 @@ def load_training(
     Raises
     ------
     ValueError
-        Other weights, shapes or dtypes, NaN or inf, negative counts, an unknown or invalid
-        random generator.
+        Other weights, shapes or dtypes, NaN or inf, counts that are not whole numbers in
+        [0, 2**62], losses that are not numbers, an unknown or invalid random generator.
     KeyError, TypeError, IndexError
         A malformed document (the trainer reports them as a ValueError naming the file).
     """
@@ -492,23 +499,50 @@ def load_training(
     for i, name in enumerate(names):
         ref = initial.weights[name]
         weights[name] = _checked(path, name, arrays[f"w{i}"], ref)
-        states = [_checked(path, name, arrays[f"s{i}_{j}"], ref) for j in range(int(meta["n_states"][i]))]
+        n_states = _count(path, "n_states", meta["n_states"][i])
+        states = [_checked(path, name, arrays[f"s{i}_{j}"], ref) for j in range(n_states)]
         if states:
             optimizer[name] = states
-    n_steps, n_iter = int(meta["n_steps"]), int(meta["n_iter_"])
+    n_steps, n_iter = _count(path, "n_steps", meta["n_steps"]), _count(path, "n_iter_", meta["n_iter_"])
     # checkpoints written before per-sample schedules hold no sample count
-    n_samples = int(meta.get("n_samples", 0))
-    if n_steps < 0 or n_iter < 0 or n_samples < 0:
-        raise ValueError(f"{path} holds negative step or epoch counts")
+    n_samples = _count(path, "n_samples", meta.get("n_samples", 0))
     signature = meta.get("lr_signature")
     return TrainingProgress(
         TrainingState(weights, optimizer, n_steps, n_samples),
         n_iter,
-        [float(v) for v in meta["train_losses_"]],
-        [float(v) for v in meta["validation_losses_"]],
+        _losses(path, "train_losses_", meta["train_losses_"]),
+        _losses(path, "validation_losses_", meta["validation_losses_"]),
         None if signature is None else str(signature),
         None if meta.get("rng") is None else _generator(path, _from_jsonable(meta["rng"])),
     )
+
+
+#: the largest count a checkpoint may hold: steps and samples fed to int64 graph inputs
+_MAX_COUNT = 2**62
+
+
+def _count(path: str, key: str, value: Any) -> int:
+    """A counter of the JSON document: a whole number in [0, 2**62], else a ValueError naming
+    the file and the key (an inf, a string or 10**30 came from a damaged or edited file)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_COUNT:
+        what = "a negative count" if isinstance(value, int) and value < 0 else "not a count"
+        raise ValueError(
+            f"{path} holds {key}={value!r}, which is {what} (a whole number from 0 to 2**62): "
+            "a damaged or edited checkpoint; start over without it"
+        )
+    return value
+
+
+def _losses(path: str, key: str, values: Any) -> list[float]:
+    """A loss history of the JSON document: a list of numbers (NaN and inf are losses too)."""
+    if not isinstance(values, list) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
+    ):
+        raise ValueError(
+            f"{path} holds {key}={str(values)[:80]}, which is not a list of numbers: a damaged or "
+            "edited checkpoint; start over without it"
+        )
+    return [float(v) for v in values]
 
 
 _BIT_GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")

@@ -619,6 +619,24 @@ def _check_output(path: str, option: str, folder: bool) -> None:
         ) from exc
 
 
+def _refuse_out_over_inputs(args: argparse.Namespace) -> None:
+    """Refuses an --out that is the model, the data or the checkpoint file (by any path: a
+    link, a relative spelling, a hard link): the trained graph would replace it."""
+    inputs = {"the model": args.model, "--data": args.data}
+    if args.checkpoint is not None:
+        inputs["the checkpoint"] = os.path.join(args.checkpoint, CHECKPOINT_FILE)
+    out = os.path.realpath(args.out)
+    for what, path in inputs.items():
+        same = os.path.realpath(path) == out
+        if not same and os.path.exists(path) and os.path.exists(out):
+            same = os.path.samefile(path, out)
+        if same:
+            raise _UsageError(
+                f"--out {args.out} is {what} ({path}): the trained graph would overwrite it; "
+                "give another file"
+            )
+
+
 def save_model_atomically(model: ModelProto, path: str) -> None:
     """Writes a model to ``path`` atomically: a crash never leaves half a model there.
 
@@ -660,6 +678,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     _check_output(args.out, "--out", folder=False)
     if args.checkpoint is not None:
         _check_output(args.checkpoint, "--checkpoint", folder=True)
+    _refuse_out_over_inputs(args)
     model = _load(args.model)
     _output_name(model, args.output_index)
     _refuse_unfeedable_inputs(args.model, model)
