@@ -373,3 +373,27 @@ def test_score_and_validation_loss_are_torchs_weighted_loss(loop):
     z = _torch_forward("segmentation", torch.from_numpy(X.astype(np.float64)), state)
     assert trainer.score(X, y, sample_weight=w) == pytest.approx(-float(_torch_loss(z, y, w)), rel=1e-5)
     assert trainer.validation_losses_[-1] == pytest.approx(float(_torch_loss(z[:5], y[:5], w[:5])), rel=1e-5)
+
+
+def test_cli_fit_and_eval_of_a_segmentation_head(tmp_path, capsys):
+    """``ort-train fit``/``eval`` with [N, H, W] labels in an .npz: eval's loss is torch's
+    cross-entropy, its accuracy and log_loss are per position (eval raised IndexError)."""
+    from ort_train_core.cli import main
+
+    rng = np.random.default_rng(7)
+    model, _ = _segmentation_head(3, rng)
+    onnx.save(model, tmp_path / "seg.onnx")
+    X = rng.normal(size=(12, 3, 4, 4)).astype(np.float32)
+    y = rng.integers(0, 3, size=(12, 4, 4))
+    np.savez(tmp_path / "seg.npz", X=X, y=y)
+    data = ["--data", str(tmp_path / "seg.npz"), "--target", "y", "--loss", "cross_entropy"]
+    out = str(tmp_path / "out.onnx")
+    assert main(["fit", str(tmp_path / "seg.onnx"), *data, "--epochs", "2", "--out", out, "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["eval", out, *data]) == 0
+    values = dict(line.split(": ") for line in capsys.readouterr().out.strip().splitlines())
+    z = torch.from_numpy(InferenceSession(out).run(None, {"X": X})[0].astype(np.float64))
+    expected = float(F.cross_entropy(z, torch.from_numpy(y)))
+    assert float(values["loss"]) == pytest.approx(expected, rel=1e-5)
+    assert float(values["log_loss"]) == pytest.approx(expected, rel=1e-5)
+    assert float(values["accuracy"]) == pytest.approx(float((z.argmax(1).numpy() == y).mean()))

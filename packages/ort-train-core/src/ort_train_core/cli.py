@@ -808,7 +808,8 @@ def training_objective(
     label = next(i for i in loss_model.graph.input if i.name == label_name)
     tt = label.type.tensor_type
     target = y.astype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
-    target = target.reshape(len(y), -1) if len(tt.shape.dim) == 2 else target.reshape(len(y))
+    if len(tt.shape.dim) <= 2:  # a label of rank > 2 (one class per position) has y's shape already
+        target = target.reshape(len(y), -1) if len(tt.shape.dim) == 2 else target.reshape(len(y))
     sess = onnxruntime.InferenceSession(loss_model.SerializeToString(), providers=["CPUExecutionProvider"])
     return float(sess.run([loss_name], {**feeds, label_name: target})[0])
 
@@ -855,9 +856,9 @@ def classification_metrics(output: np.ndarray, y: np.ndarray, loss: str) -> dict
     Parameters
     ----------
     output : ndarray
-        The model's output, one row per sample.
+        The model's output, one row per sample; ``[N, C, d1, ...]`` scores each position.
     y : ndarray
-        The class indices ``0..K-1``.
+        The class indices ``0..K-1`` (``[N, d1, ...]``: one per position).
     loss : {'log', 'cross_entropy'}
         ``'log'``: the output holds probabilities; ``'cross_entropy'``: logits (one column:
         binary, sigmoid; several: softmax).
@@ -872,6 +873,8 @@ def classification_metrics(output: np.ndarray, y: np.ndarray, loss: str) -> dict
     ValueError
         ``y`` holds something else than class indices the output scores.
     """
+    if output.ndim > 2:  # logits [N, C, d1, ...], labels [N, d1, ...]: one row per position
+        output, y = np.moveaxis(output, 1, -1).reshape(-1, output.shape[1]), y.reshape(-1)
     out = output.reshape(len(output), -1).astype(np.float64)
     if not np.array_equal(y, np.round(y)) or (y < 0).any():
         raise _UsageError("a classification target holds class indices 0..K-1")
