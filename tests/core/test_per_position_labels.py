@@ -66,6 +66,9 @@ def _torch_loss(z: Any, y: np.ndarray, weight: np.ndarray | None, kind: str = "c
         per_position = F.cross_entropy(z, target, reduction="none")
     elif kind == "sigmoid":  # a sigmoid per class: -log sigmoid(z_y)
         per_position = -F.logsigmoid(torch.gather(z, 1, target.unsqueeze(1))[:, 0])
+    elif z.shape[1] == 1:  # the probability of class 1, clipped
+        p = z[:, 0].clamp(1e-5, 1 - 1e-5)
+        per_position = -torch.where(target == 1, torch.log(p), torch.log(1 - p))
     else:  # probabilities, clipped
         per_position = F.nll_loss(torch.log(z.clamp(1e-5, 1 - 1e-5)), target, reduction="none")
     rows = per_position.reshape(len(y), -1).mean(dim=1)
@@ -113,18 +116,24 @@ def test_cross_entropy_per_position_matches_torch(case, weighted):
     np.testing.assert_allclose(grad, expected_grad, rtol=1e-10, atol=1e-14)
 
 
+@pytest.mark.parametrize("n_classes", [4, 1])
 @pytest.mark.parametrize("function", ["softmax", "sigmoid", "none"])
-def test_log_loss_per_position_matches_torch(function):
-    shape = (5, 4, 3, 2)
+def test_log_loss_per_position_matches_torch(function, n_classes):
+    shape = (5, n_classes, 3, 2)
     rng = np.random.default_rng(1)
     z = 2.0 * rng.normal(size=shape)
-    if function == "none":  # probabilities per class, some under the clip
-        z = np.exp(3 * z) / np.exp(3 * z).sum(axis=1, keepdims=True)
-    y = _labels(rng, shape, shape[1])
+    if function == "none":  # probabilities (per class, or of class 1), some under the clip
+        z = (
+            1 / (1 + np.exp(-3 * z))
+            if n_classes == 1
+            else np.exp(3 * z) / np.exp(3 * z).sum(axis=1, keepdims=True)
+        )
+    y = _labels(rng, shape, n_classes)
     w = rng.uniform(0.2, 3.0, size=shape[0])
     loss = NegLogLearningLoss(probability_function=function)
     value, grad = _loss_and_gradient(loss, z, y, w)
-    kind = {"softmax": "cross_entropy"}.get(function, function)
+    # one column: 'sigmoid' is the binary cross-entropy of the logit, as 'softmax' on several
+    kind = "cross_entropy" if function == "softmax" or (function, n_classes) == ("sigmoid", 1) else function
     expected, expected_grad = _torch_reference(z, y, w, kind)
     assert value == pytest.approx(expected, rel=1e-12)
     np.testing.assert_allclose(grad, expected_grad, rtol=1e-10, atol=1e-14)
@@ -397,3 +406,18 @@ def test_cli_fit_and_eval_of_a_segmentation_head(tmp_path, capsys):
     assert float(values["loss"]) == pytest.approx(expected, rel=1e-5)
     assert float(values["log_loss"]) == pytest.approx(expected, rel=1e-5)
     assert float(values["accuracy"]) == pytest.approx(float((z.argmax(1).numpy() == y).mean()))
+
+
+@pytest.mark.parametrize("reduction", ["sum", "row_mean"])
+def test_other_reductions_add_the_rows_position_means(reduction):
+    """'sum': sum_i s_i l_i, 'row_mean': sum_i s_i l_i / N, l_i the mean of row i's positions
+    (torch's reduction='sum' divided by the positions per row)."""
+    shape = (4, 3, 2, 5)
+    rng = np.random.default_rng(8)
+    z, y = rng.normal(size=shape), _labels(rng, shape, 3)
+    w = rng.uniform(0.2, 3.0, size=shape[0])
+    with_loss = add_loss_output(_identity(shape), "cross_entropy", weight_name="w", reduction=reduction)
+    value = InferenceSession(with_loss.SerializeToString()).run(["loss"], {"Z": z, "label": y, "w": w})[0]
+    per_position = F.cross_entropy(torch.from_numpy(z), torch.from_numpy(y), reduction="none")
+    expected = float((per_position * torch.from_numpy(w)[:, None, None]).sum()) / 10
+    assert float(value) == pytest.approx(expected / (shape[0] if reduction == "row_mean" else 1), rel=1e-12)
