@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -273,7 +274,47 @@ def cast_checked(name: str, arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
             f"{name} holds {bad} value(s) beyond the range of {dtype} (largest {np.finfo(dtype).max:.3g}), "
             f"the type the model computes in; scale the data"
         )
+    warn_inexact_integers(name, arr, out)
     return out
+
+
+def warn_inexact_integers(name: str, arr: np.ndarray, out: np.ndarray) -> None:
+    """Warns when integers beyond 2**(mantissa bits + 1) lost their last digits in the cast to
+    a float type (int64 ids or timestamps in float32): neighbouring values merge silently.
+
+    Parameters
+    ----------
+    name : str
+        What the array is (``'X'``), for the message.
+    arr : numpy.ndarray
+        The values as given; nothing is said unless they are integers.
+    out : numpy.ndarray
+        The same values cast to a float type, of ``arr``'s shape.
+    """
+    if arr.dtype.kind not in "iu" or out.dtype.kind != "f" or not arr.size:
+        return
+    bits = np.finfo(out.dtype).nmant + 1
+    limit = 2**bits
+    flat, cast = arr.reshape(-1), out.reshape(-1)
+    large = (flat > limit) | (flat < -limit)
+    if not large.any():
+        return
+    given = flat[large]
+    info = np.iinfo(arr.dtype)
+    top = np.float64(info.max)
+    if int(top) > info.max:  # float64(2**63 - 1) is 2**63
+        top = np.nextafter(top, 0)
+    back = cast[large].astype(np.float64).clip(info.min, top).astype(arr.dtype)
+    changed = np.flatnonzero(given != back)
+    if changed.size:
+        k = int(changed[0])
+        warnings.warn(
+            f"{name} holds {changed.size} integer(s) that {out.dtype} cannot hold exactly (beyond 2**{bits}: "
+            f"{given[k]} becomes {back[k]}), the type the model computes in: neighbouring values merge. "
+            "Scale them or subtract an offset; feed ids to an integer input (an embedding's) instead",
+            UserWarning,
+            stacklevel=4,
+        )
 
 
 def _check_finite(name: str, arr: np.ndarray) -> None:

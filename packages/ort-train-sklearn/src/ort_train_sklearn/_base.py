@@ -38,7 +38,13 @@ from ort_train_core import (
 )
 from ort_train_core._binding import count_weight_values, cpu_threads
 from ort_train_core._cache import MAX_CACHED_MODEL_BYTES, LRUCache, model_digest
-from ort_train_core._data import check_sparse_structure, dense_rows, is_sparse, sparse_as
+from ort_train_core._data import (
+    check_sparse_structure,
+    dense_rows,
+    is_sparse,
+    sparse_as,
+    warn_inexact_integers,
+)
 from ort_train_core._loss_trainer import EPOCH_LOSS_WEIGHTS
 from ort_train_core._runtime import Device
 from ort_train_core.graph import initializer_values, inputs_to_initializers, set_metadata
@@ -111,14 +117,19 @@ _COMMON_CONSTRAINTS: dict[str, list[Any]] = {
 }
 
 
-def _to_float32(name: str, values: Any) -> np.ndarray:
+def _to_float32(name: str, values: Any, given: Any = None) -> np.ndarray:
     """``values`` as a C-contiguous float32 array, the type the graphs compute in; values beyond
     its range are refused (core's cast: a float64 1e39 would otherwise become inf). A sparse
-    matrix stays sparse (CSR), its stored values cast."""
+    matrix stays sparse (CSR), its stored values cast. ``given``, the caller's array before
+    scikit-learn's validation made it float64, is warned about when it holds integers that
+    float32 rounds (beyond 2**24)."""
     if is_sparse(values):
         out: np.ndarray = sparse_as(name, values, np.dtype(np.float32))
         return out
-    return cast_checked(name, np.asarray(values), np.dtype(np.float32))
+    out = cast_checked(name, np.asarray(values), np.dtype(np.float32))
+    if isinstance(given, np.ndarray) and given.shape == out.shape:
+        warn_inexact_integers(name, given, out)
+    return out
 
 
 def _check_sparse_x(X: Any) -> None:
@@ -597,6 +608,7 @@ class OrtEstimatorMixin(BaseEstimator):
         """X in float32, y encoded (labels as class indices), the sample weights in float32
         (zero-weight rows dropped where the batch loss is a weighted mean) and n_outputs."""
         _check_sparse_x(X)
+        given = X
         X, y = validate_data(
             self,
             X,
@@ -610,7 +622,7 @@ class OrtEstimatorMixin(BaseEstimator):
         # the fitted weights take X's float type, as scikit-learn's SGD and MLP estimators keep
         # float32 data in float32 (the training itself runs in float32 either way)
         self._weights_dtype = X.dtype
-        X = _to_float32("X", X)
+        X = _to_float32("X", X, given)
         y_enc, n_outputs = self._prepare_targets(y, first, classes)
         if sample_weight is None:
             return X, y_enc, None, n_outputs
@@ -833,6 +845,7 @@ class OrtEstimatorMixin(BaseEstimator):
         as scikit-learn keeps float32 inputs in float32 and returns float64 otherwise."""
         check_is_fitted(self, "_trainer")
         _check_sparse_x(X)
+        given = X
         X = validate_data(
             self,
             X,
@@ -841,7 +854,7 @@ class OrtEstimatorMixin(BaseEstimator):
             dtype=(np.float64, np.float32),
         )
         dtype = X.dtype
-        X = _to_float32("X", X)
+        X = _to_float32("X", X, given)
         outputs = _run_dense(self._session(kind, X.shape[0]), X)
         return [o.astype(dtype) if o.dtype == np.float32 else o for o in outputs]
 
