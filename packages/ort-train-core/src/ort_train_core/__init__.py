@@ -6,7 +6,7 @@ Importing this package checks that the *training* build of onnxruntime is instal
 
 from ._binding import ortvalue_from_dlpack
 from ._data import cast_checked
-from ._fit_loop import describe_non_finite
+from ._fit_loop import describe_non_finite, exclusive_fit
 from ._io import load_model
 from ._runtime import Device, check_device, parse_device  # importing it checks the runtime
 from ._version import __version__
@@ -99,6 +99,7 @@ __all__ = [
     "check_device",
     "default_weights_to_train",
     "describe_non_finite",
+    "exclusive_fit",
     "initializers_to_inputs",
     "inputs_to_initializers",
     "load_model",

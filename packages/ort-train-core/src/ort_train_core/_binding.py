@@ -211,9 +211,39 @@ def _missing_kernel(message: str) -> str | None:
 CPU_ONE_THREAD_MAX_WORK = 10_000_000
 
 
-def cpu_threads(device: Device, rows: int, weight_values: float) -> int | None:
+def check_threads(threads: Any) -> int | None:
+    """The ``threads`` setting of a trainer, a module or an estimator, checked.
+
+    Parameters
+    ----------
+    threads : int or None
+        onnxruntime's intra-op threads for every session the object makes; None: the policy
+        of :func:`cpu_threads`.
+
+    Returns
+    -------
+    int or None
+        ``threads`` as an int, or None.
+
+    Raises
+    ------
+    ValueError
+        Anything but None or an integer >= 1.
+    """
+    if threads is None:
+        return None
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
+        raise ValueError(
+            f"threads must be None (one thread for small work, else onnxruntime's default pool) "
+            f"or an integer >= 1 (onnxruntime's intra-op threads of every session), got {threads!r}"
+        )
+    return int(threads)
+
+
+def cpu_threads(device: Device, rows: int, weight_values: float, threads: int | None = None) -> int | None:
     """The intra-op threads of a session running ``rows`` rows through ``weight_values``
-    weights: 1 on CPU up to :data:`CPU_ONE_THREAD_MAX_WORK`, else onnxruntime's default pool.
+    weights: ``threads`` when given (a user's setting), else 1 on CPU up to
+    :data:`CPU_ONE_THREAD_MAX_WORK` and onnxruntime's default pool above.
 
     A session's pool holds (cores - 1) threads for as long as the session lives, so this also
     keeps the sessions of small models (a fitted estimator's prediction, a validation loss)
@@ -227,12 +257,16 @@ def cpu_threads(device: Device, rows: int, weight_values: float) -> int | None:
         The rows of one run.
     weight_values : float
         How many weight values the graph holds (inf: unknown).
+    threads : int or None, default=None
+        The object's ``threads`` setting (:func:`check_threads`), which wins.
 
     Returns
     -------
     int or None
-        1, or None for onnxruntime's default.
+        ``threads``, 1, or None for onnxruntime's default.
     """
+    if threads is not None:
+        return threads
     return 1 if device.kind == "cpu" and rows * weight_values <= CPU_ONE_THREAD_MAX_WORK else None
 
 

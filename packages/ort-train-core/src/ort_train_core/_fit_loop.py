@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO, Any, Protocol
 
@@ -18,6 +19,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, numpy_helper
 
+from ._binding import check_threads
 from ._data import BatchStore, DataSpec, _count_non_finite, check_fit_arrays
 from ._data import _all_finite as _array_finite
 from ._ort_errors import is_onnxruntime_error, run_failure
@@ -86,6 +88,63 @@ def _positive_int(name: str, value: Any) -> int:
     return int(value)
 
 
+#: the fit lock of each object being fitted and the thread holding it: a dict beside the object
+#: rather than an attribute, so that pickling and deep copies never meet a lock
+_FIT_LOCKS: weakref.WeakKeyDictionary[Any, tuple[threading.Lock, list[int | None]]] = (
+    weakref.WeakKeyDictionary()
+)
+_FIT_LOCKS_GUARD = threading.Lock()
+
+
+@contextlib.contextmanager
+def exclusive_fit(owner: Any, action: str = "fit") -> Iterator[None]:
+    """Runs the body as ``owner``'s only fit: a fit already running on another thread, or one
+    running on this thread (a callback of it started this one), is refused at once.
+
+    Two threads fitting one object would interleave their steps over the same weights and
+    history and return without error; a callback fitting its own trainer would restart the
+    state the running fit goes on stepping. The lock is taken without waiting.
+
+    Parameters
+    ----------
+    owner : object
+        The trainer or estimator being fitted (weak-referenceable).
+    action : str, default='fit'
+        The method called, for the message (``'fit'``, ``'resume'``, ``'partial_fit'``...).
+
+    Yields
+    ------
+    None
+        While the body runs, ``owner`` is marked as fitting on this thread.
+
+    Raises
+    ------
+    RuntimeError
+        ``owner`` is being fitted on another thread, or on this one (from a callback).
+    """
+    with _FIT_LOCKS_GUARD:
+        lock, holder = _FIT_LOCKS.setdefault(owner, (threading.Lock(), [None]))
+    if not lock.acquire(blocking=False):
+        who = f"{type(owner).__name__} (id 0x{id(owner):x})"
+        if holder[0] == threading.get_ident():
+            raise RuntimeError(
+                f"{who}: {action} was called from inside one of its own callbacks while its fit "
+                "runs on this thread; a callback may read the trainer (get_state) or stop the fit "
+                "(return True from on_epoch_end), not fit it again"
+            )
+        raise RuntimeError(
+            f"{who}: fit is already running on another thread, so {action} is refused (one "
+            "instance trains one fit at a time); wait for that thread (join it), or fit a copy "
+            "(clone) of the instance on this one"
+        )
+    holder[0] = threading.get_ident()
+    try:
+        yield
+    finally:
+        holder[0] = None
+        lock.release()
+
+
 def _all_finite(state: TrainingState) -> bool:
     arrays = [*state.weights.values(), *(a for states in state.optimizer.values() for a in states)]
     return all(bool(np.isfinite(a).all()) for a in arrays)
@@ -124,6 +183,7 @@ class BaseOrtTrainer(ParamsMixin):
     callbacks: Sequence[Callback] | None
     checkpoint_dir: str | os.PathLike[str] | None
     checkpoint_every: int
+    threads: int | None
 
     # ---- hooks of a concrete trainer -------------------------------------------------
     def _prepare_graphs(self, device: Device, lr: BaseLearningRate) -> None:
@@ -204,7 +264,12 @@ class BaseOrtTrainer(ParamsMixin):
         lr.validate()
         device = parse_device(self.device)
         self._checkpoint_path()
+        self._threads()
         return device, lr
+
+    def _threads(self) -> int | None:
+        """The ``threads`` setting, checked (None for a trainer pickled before it existed)."""
+        return check_threads(getattr(self, "threads", None))
 
     def _checkpoint_path(self) -> str | None:
         """``checkpoint_dir/checkpoint.npz``, or None without checkpoint_dir (validates both
@@ -357,10 +422,11 @@ class BaseOrtTrainer(ParamsMixin):
         BaseOrtTrainer
             ``self``.
         """
-        device, lr = self._validate_params()
-        self._prepare_graphs(device, lr)
-        data, validation = self._checked_data(X, y, sample_weight, X_val, y_val, sample_weight_val)
-        self._new_runner(data, sample_weight, self._initial_state(), device, lr, validation)
+        with exclusive_fit(self, "prepare"):
+            device, lr = self._validate_params()
+            self._prepare_graphs(device, lr)
+            data, validation = self._checked_data(X, y, sample_weight, X_val, y_val, sample_weight_val)
+            self._new_runner(data, sample_weight, self._initial_state(), device, lr, validation)
         return self
 
     def _checked_data(
@@ -390,6 +456,20 @@ class BaseOrtTrainer(ParamsMixin):
         sample_weight_val: Any,
         resume: bool,
     ) -> BaseOrtTrainer:
+        with exclusive_fit(self, "resume" if resume else "fit"):
+            return self._fit_alone(X, y, sample_weight, X_val, y_val, sample_weight_val, resume)
+
+    def _fit_alone(
+        self,
+        X: Any,
+        y: Any,
+        sample_weight: Any,
+        X_val: Any,
+        y_val: Any,
+        sample_weight_val: Any,
+        resume: bool,
+    ) -> BaseOrtTrainer:
+        """fit or resume, with no other fit of this trainer running."""
         device, lr = self._validate_params()
         self._prepare_graphs(device, lr)
         data, validation = self._checked_data(X, y, sample_weight, X_val, y_val, sample_weight_val)

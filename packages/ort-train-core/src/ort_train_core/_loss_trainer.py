@@ -364,7 +364,8 @@ class LossGraphTrainer(BaseOrtTrainer):
     def _evaluator(self, device: Device, rows: int) -> Any:
         """The loss session for ``rows`` rows (one thread for small work, as the steps)."""
         graphs = self._fit_graphs()
-        threads = cpu_threads(device, rows, count_input_values(graphs.evaluating, graphs.inputs.parameters))
+        values = count_input_values(graphs.evaluating, graphs.inputs.parameters)
+        threads = cpu_threads(device, rows, values, self._threads())
         key = (str(device), threads)
         if key not in graphs.evaluators:
             graphs.evaluators[key] = make_session(graphs.evaluating, device, threads=threads)

@@ -13,7 +13,7 @@ from onnx import ModelProto
 
 from . import _batchnorm as batchnorm
 from ._backends import default_backend
-from ._binding import DeviceArray, io_binding, make_session, to_ortvalue
+from ._binding import DeviceArray, check_threads, io_binding, make_session, to_ortvalue
 from ._gradient import ForwardBackwardGraphs, ForwardBackwardRunner
 from ._runtime import Device, parse_device
 from .exceptions import GraphNotDifferentiableError
@@ -67,6 +67,9 @@ class OrtGradientForwardBackward:
         ``'cpu'``, ``'cuda'`` or ``'cuda:N'``.
     input_names_requiring_grad : sequence of str or None, default=None
         Inputs whose gradient :meth:`backward` returns too (before the weights').
+    threads : int or None, default=None
+        onnxruntime's intra-op threads of its sessions (the pair and the inference session);
+        None: onnxruntime's default pool.
 
     Attributes
     ----------
@@ -100,11 +103,13 @@ class OrtGradientForwardBackward:
         weights_to_train: Sequence[str] | None = None,
         device: str = "cpu",
         input_names_requiring_grad: Sequence[str] | None = None,
+        threads: int | None = None,
     ) -> None:
         if not isinstance(model_onnx, ModelProto):
             raise TypeError(f"model_onnx must be an onnx.ModelProto, not {type(model_onnx).__name__}")
         self.model_onnx = model_onnx
         self.device = parse_device(device)
+        self.threads = check_threads(threads)
         model = normalise_model(model_onnx)
         types = value_types(model)
         weights = _checked_weights(model, weights_to_train, types)
@@ -114,7 +119,9 @@ class OrtGradientForwardBackward:
             initializers_to_inputs(model, self.statistics), self.statistics
         )
         # the outputs forward returns must survive the backward: no memory reuse
-        self._pair = _forward_backward_pair(forward, weights, requiring, self.device, types, weights_to_train)
+        self._pair = _forward_backward_pair(
+            forward, weights, requiring, self.device, types, weights_to_train, self.threads
+        )
         self.graphs: ForwardBackwardGraphs = self._pair.graphs
         self.weights_to_train = list(self.graphs.weights)
         self.input_names_requiring_grad = requiring
@@ -142,6 +149,7 @@ class OrtGradientForwardBackward:
             "weights_to_train": self.weights_to_train,
             "device": str(self.device),
             "input_names_requiring_grad": self.input_names_requiring_grad,
+            "threads": self.threads,
             "weights": self.get_weights(),
             "statistics": self.get_statistics(),
         }
@@ -306,7 +314,7 @@ class OrtGradientForwardBackward:
 
     def _infer(self, feeds: list[Any]) -> list[Any]:
         if self._inference is None:
-            self._inference = make_session(self._trainable, self.device)
+            self._inference = make_session(self._trainable, self.device, threads=self.threads)
         binding = io_binding(self._inference)
         for name, ov in zip([*self.input_names, *self.statistics, *self.weights_to_train], feeds):
             binding.bind_ortvalue_input(name, ov)
@@ -408,6 +416,7 @@ def _forward_backward_pair(
     device: Device,
     types: Mapping[str, int],
     weights_to_train: Sequence[str] | None,
+    threads: int | None = None,
 ) -> ForwardBackwardRunner:
     """The backend's pair; by default (``weights_to_train`` None), a float initializer the
     backend finds no gradient for (an input of an operator it does not differentiate there) is
@@ -416,7 +425,9 @@ def _forward_backward_pair(
     backend = default_backend()
     while True:
         try:
-            return backend.forward_backward(graph, weights, requiring, device, types, reuse_memory=False)
+            return backend.forward_backward(
+                graph, weights, requiring, device, types, reuse_memory=False, threads=threads
+            )
         except GraphNotDifferentiableError as exc:
             if weights_to_train is not None or exc.weight not in weights:
                 raise

@@ -32,8 +32,9 @@ MAX_CACHED_FUSED_GRAPHS = 32
 #: fused graphs built in this process, by (trainable graph, loss, weights, batch, learning rate,
 #: device, backend): a new trainer over the same architecture (a scikit-learn fit, a grid-search
 #: candidate) skips the gradient builder, the slow part of building one; the sessions are cached
-#: apart
-_FUSED_GRAPHS: LRUCache[tuple[ModelProto, FusedStepSignature, int | None]] = LRUCache(MAX_CACHED_FUSED_GRAPHS)
+#: apart (by graph and threads), and the threads are chosen at each call: a trainer with another
+#: ``threads`` setting reused the first one's
+_FUSED_GRAPHS: LRUCache[tuple[ModelProto, FusedStepSignature]] = LRUCache(MAX_CACHED_FUSED_GRAPHS)
 
 
 def fused_step_graph(
@@ -44,6 +45,7 @@ def fused_step_graph(
     device: Device,
     lr: BaseLearningRate,
     backend: GradientBackend | None = None,
+    threads: int | None = None,
 ) -> tuple[ModelProto, FusedStepSignature, int | None]:
     """The fused step graph of ``model`` for ``device``, with the intra-op thread count its
     session should use.
@@ -64,6 +66,8 @@ def fused_step_graph(
         The learning rate, whose nodes update the weights.
     backend : GradientBackend or None, default=None
         The gradient backend (None: :func:`~._backends.default_backend`).
+    threads : int or None, default=None
+        The trainer's ``threads`` setting (None: :func:`~._binding.cpu_threads`' policy).
 
     Returns
     -------
@@ -73,11 +77,10 @@ def fused_step_graph(
     backend = backend or default_backend()
     key = (model_digest(model), loss_name, tuple(weights), batch, str(device), repr(lr), backend.name)
 
-    def build() -> tuple[ModelProto, FusedStepSignature, int | None]:
-        graph, sig = backend.fused_step(model, loss_name, weights, lr, device)
-        return graph, sig, cpu_threads(device, batch, count_input_values(graph, sig.weights))
-
-    return _FUSED_GRAPHS.get_or_build(key, build)
+    graph, sig = _FUSED_GRAPHS.get_or_build(
+        key, lambda: backend.fused_step(model, loss_name, weights, lr, device)
+    )
+    return graph, sig, cpu_threads(device, batch, count_input_values(graph, sig.weights), threads)
 
 
 class FusedStep(NamedTuple):
@@ -104,12 +107,12 @@ class FusedGraphs(FitGraphs):
 
     Attributes
     ----------
-    steps : dict of (int, str, str, bool) to FusedStep
-        The fused step per batch size, device, ``repr`` of the learning rate and whether its
-        sample weights are the constant ones (a fit without them).
+    steps : dict of (int, str, str, bool, int or None) to FusedStep
+        The fused step per batch size, device, ``repr`` of the learning rate, whether its
+        sample weights are the constant ones (a fit without them) and ``threads`` setting.
     """
 
-    steps: dict[tuple[int, str, str, bool], FusedStep] = field(default_factory=dict)
+    steps: dict[tuple[int, str, str, bool, int | None], FusedStep] = field(default_factory=dict)
 
 
 class OrtGradientOptimizer(LossGraphTrainer):
@@ -164,6 +167,10 @@ class OrtGradientOptimizer(LossGraphTrainer):
         end of the fit; :meth:`resume` continues from it exactly.
     checkpoint_every : int, default 1
         Epochs between checkpoints.
+    threads : int, optional
+        onnxruntime's intra-op threads in every session the trainer makes (steps, validation
+        loss, score); None: one thread where a step's work (batch x trained weight values) is
+        at most ``_binding.CPU_ONE_THREAD_MAX_WORK``, else onnxruntime's default pool.
 
     Attributes
     ----------
@@ -196,6 +203,7 @@ class OrtGradientOptimizer(LossGraphTrainer):
         callbacks: Sequence[Callback] | None = None,
         checkpoint_dir: str | os.PathLike[str] | None = None,
         checkpoint_every: int = 1,
+        threads: int | None = None,
     ) -> None:
         self.model_onnx = model_onnx
         self.weights_to_train = weights_to_train
@@ -215,6 +223,7 @@ class OrtGradientOptimizer(LossGraphTrainer):
         self.callbacks = callbacks
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
+        self.threads = threads
 
     _graphs_type = FusedGraphs
     _folds_unit_weights = True
@@ -246,14 +255,15 @@ class OrtGradientOptimizer(LossGraphTrainer):
         """The fused step of ``batch`` rows; ``unit_weights``: its sample weights are the
         constant ones (not an input), for fits without sample weights."""
         graphs = self._graphs()
-        key = (batch, str(device), repr(lr), unit_weights)
+        setting = self._threads()
+        key = (batch, str(device), repr(lr), unit_weights, setting)
         if key not in graphs.steps:
             inputs = graphs.inputs
             model = set_batch_dimension(graphs.stepping, inputs.data, batch)
             if unit_weights:
                 model = _unit_weights(model, str(inputs.sample_weight))
             graph, sig, threads = fused_step_graph(
-                model, graphs.loss_name, inputs.parameters, batch, device, lr
+                model, graphs.loss_name, inputs.parameters, batch, device, lr, threads=setting
             )
             graphs.steps[key] = FusedStep(graph, sig, make_session(graph, device, threads=threads))
         return graphs.steps[key]
@@ -264,7 +274,7 @@ class OrtGradientOptimizer(LossGraphTrainer):
         out.update(
             {
                 f"fused_step_batch{batch}{'_unweighted' if unit else ''}": step.graph
-                for (batch, _, _, unit), step in graphs.steps.items()
+                for (batch, _, _, unit, _), step in graphs.steps.items()
             }
         )
         return out

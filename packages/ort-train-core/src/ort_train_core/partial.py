@@ -99,17 +99,17 @@ class PartialGraphs(FitGraphs):
 
     Attributes
     ----------
-    forward_backward : dict of (str, int) to ForwardBackwardRunner
-        The model's forward/backward pair per device and batch size.
-    loss_gradients : dict of (int, str) to LossGradient
-        The learning loss's graph per batch size and device.
-    updates : dict of (str, str) to Update
-        The penalty-and-update graph per device and ``repr`` of the learning rate.
+    forward_backward : dict of (str, int, int or None) to ForwardBackwardRunner
+        The model's forward/backward pair per device, batch size and ``threads`` setting.
+    loss_gradients : dict of (int, str, int or None) to LossGradient
+        The learning loss's graph per batch size, device and ``threads`` setting.
+    updates : dict of (str, str, int or None) to Update
+        The penalty-and-update graph per device, ``repr`` of the learning rate and ``threads``.
     """
 
-    forward_backward: dict[tuple[str, int], ForwardBackwardRunner] = field(default_factory=dict)
-    loss_gradients: dict[tuple[int, str], LossGradient] = field(default_factory=dict)
-    updates: dict[tuple[str, str], Update] = field(default_factory=dict)
+    forward_backward: dict[tuple[str, int, int | None], ForwardBackwardRunner] = field(default_factory=dict)
+    loss_gradients: dict[tuple[int, str, int | None], LossGradient] = field(default_factory=dict)
+    updates: dict[tuple[str, str, int | None], Update] = field(default_factory=dict)
 
     @functools.cached_property
     def forward(self) -> tuple[ModelProto, dict[str, str]]:
@@ -182,6 +182,10 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
         end of the fit; :meth:`resume` continues from it exactly.
     checkpoint_every : int, default 1
         Epochs between checkpoints.
+    threads : int, optional
+        onnxruntime's intra-op threads in every session the trainer makes (steps, validation
+        loss, score); None: one thread where a step's work (batch x trained weight values) is
+        at most ``_binding.CPU_ONE_THREAD_MAX_WORK``, else onnxruntime's default pool.
 
     Attributes
     ----------
@@ -216,6 +220,7 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
         callbacks: Sequence[Callback] | None = None,
         checkpoint_dir: str | os.PathLike[str] | None = None,
         checkpoint_every: int = 1,
+        threads: int | None = None,
     ) -> None:
         self.model_onnx = model_onnx
         self.weights_to_train = weights_to_train
@@ -237,6 +242,7 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
         self.callbacks = callbacks
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
+        self.threads = threads
 
     # ---- the pieces ------------------------------------------------------------------------
     def _loss(self) -> BaseLearningLoss:
@@ -302,18 +308,22 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
         """The forward/backward pair of one batch size: with the batch dimension fixed,
         onnxruntime drops the run-time shape arithmetic of the backward, as in the full loop."""
         graphs = self._graphs()
-        key = (str(device), batch)
+        key = (str(device), batch, self._threads())
         if key not in graphs.forward_backward:
             model = set_batch_dimension(graphs.forward[0], graphs.inputs.features, batch)
             values = count_weight_values(model, set(graphs.inputs.parameters))
             graphs.forward_backward[key] = default_backend().forward_backward(
-                model, graphs.inputs.parameters, [], device, threads=cpu_threads(device, batch, values)
+                model,
+                graphs.inputs.parameters,
+                [],
+                device,
+                threads=cpu_threads(device, batch, values, key[2]),
             )
         return graphs.forward_backward[key]
 
     def _loss_gradient(self, batch: int, device: Device) -> LossGradient:
         graphs = self._graphs()
-        key = (batch, str(device))
+        key = (batch, str(device), self._threads())
         if key not in graphs.loss_gradients:
             pred = graphs.prediction.graph.output[self.output_index].name
             pred_type, pred_shape = output_shape(graphs.prediction, pred)
@@ -321,13 +331,13 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
             # elementwise work on the predictions: the steps' one-thread rule, outputs as weights
             per_row = pred_shape[1:]
             outputs = math.prod(per_row) if all(isinstance(d, int) and d > 0 for d in per_row) else math.inf
-            threads = cpu_threads(device, batch, outputs)
+            threads = cpu_threads(device, batch, outputs, key[2])
             graphs.loss_gradients[key] = LossGradient(model, make_session(model, device, threads=threads))
         return graphs.loss_gradients[key]
 
     def _update(self, device: Device, lr: BaseLearningRate) -> Update:
         graphs = self._graphs()
-        key = (str(device), repr(lr))
+        key = (str(device), repr(lr), self._threads())
         if key not in graphs.updates:
             weights = graphs.inputs.parameters
             inits = {i.name: i for i in graphs.loss_model.graph.initializer}
@@ -339,7 +349,7 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
                 else default_penalized_weights(graphs.loss_model, weights)
             )
             model, sig = build_update_graph(spec, lr, penalty, penalized)
-            threads = cpu_threads(device, 1, count_input_values(model, weights))
+            threads = cpu_threads(device, 1, count_input_values(model, weights), key[2])
             graphs.updates[key] = Update(model, sig, make_session(model, device, threads=threads))
         return graphs.updates[key]
 
@@ -378,9 +388,9 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
     def _graphs_to_save(self) -> dict[str, ModelProto]:
         graphs = self._graphs()
         out = {"evaluation_loss": graphs.loss_model}
-        for (_, batch), pair in graphs.forward_backward.items():
+        for (_, batch, _), pair in graphs.forward_backward.items():
             out[f"forward_backward_batch{batch}"] = pair.graphs.gradient_model
-        for (batch, _), loss_gradient in graphs.loss_gradients.items():
+        for (batch, _, _), loss_gradient in graphs.loss_gradients.items():
             out[f"loss_gradient_batch{batch}"] = loss_gradient.graph
         for update in graphs.updates.values():
             out["penalty_and_update"] = update.graph

@@ -33,6 +33,7 @@ from ort_train_core import (
     OrtGradientOptimizer,
     add_loss_output,
     cast_checked,
+    exclusive_fit,
     initializers_to_inputs,
     parse_device,
 )
@@ -503,8 +504,16 @@ class OrtEstimatorMixin(BaseEstimator):
         classes: Any = None,
         resume: bool = False,
     ) -> _Estimator:
-        """fit, partial_fit (``incremental``: one epoch, no validation split) and resume."""
-        first = not ((incremental or self.warm_start) and hasattr(self, "_trainer")) or resume
+        """fit, partial_fit (``incremental``: one epoch, no validation split) and resume, one at
+        a time: each builds or rebuilds the trainer, so the trainer's own guard cannot see a
+        second call on this estimator."""
+        action = "resume" if resume else "partial_fit" if incremental else "fit"
+        with exclusive_fit(self, action):
+            self._fit_alone(X, y, sample_weight, incremental, classes, resume)
+        return self
+
+    def _check_fit_call(self, incremental: bool, resume: bool) -> None:
+        """The combinations of parameters and calls refused before anything changes."""
         if incremental and self.early_stopping:
             # as scikit-learn's: one epoch over the given rows has no validation split to watch
             raise ValueError("partial_fit does not support early_stopping=True; set early_stopping=False")
@@ -517,6 +526,13 @@ class OrtEstimatorMixin(BaseEstimator):
                 "uninterrupted fit does; use one or the other (the core trainers' validation-loss "
                 "early stopping resumes exactly)"
             )
+
+    def _fit_alone(
+        self, X: Any, y: Any, sample_weight: Any, incremental: bool, classes: Any, resume: bool
+    ) -> None:
+        """_fit's work, with no other fit of this estimator running."""
+        first = not ((incremental or self.warm_start) and hasattr(self, "_trainer")) or resume
+        self._check_fit_call(incremental, resume)
         if first:
             self._start_fit(X, y)
         X, y_enc, sw, n_outputs = self._fit_arrays(X, y, sample_weight, first, classes)
@@ -535,6 +551,25 @@ class OrtEstimatorMixin(BaseEstimator):
             # optimisation (schedule, optimizer state) from the fitted weights, a partial_fit
             # continues the schedule with the current parameters
             self._remake_trainer(_n_rows(X), n_outputs, rng, mean_weight, keep_progress=incremental)
+        scoring = self._configure_trainer(incremental, first, validation)
+        restart_t = first or (not incremental and self._t_restarts)
+        if self._full_batch():  # scikit-learn's L-BFGS: no epochs, no early stopping
+            if restart_t:
+                self.t_ = self._t_start
+            self._fit_full_batch(self._trainer, X, y_enc, sw, n_outputs)
+            return
+        self._fit_epochs((X, y_enc, sw), validation, scoring, resume)
+        if restart_t:
+            self.t_ = self._t_start
+        n_total = _n_rows(X) + (0 if validation is None else _n_rows(validation[0]))
+        # samples seen (MLP: training rows) or updates (SGD: every row of X, as scikit-learn)
+        self.t_ = self.t_ + self.n_iter_ * (_n_rows(X) if self._keeps_best_epoch else n_total)
+
+    def _configure_trainer(
+        self, incremental: bool, first: bool, validation: _Arrays | None
+    ) -> _ValidationScore | None:
+        """Sets this call's epochs, stopping rule, shuffling and callbacks on the trainer;
+        returns the validation scoring callback (early stopping), None without."""
         trainer = self._trainer
         trainer.max_iter = 1 if incremental else self.max_iter
         trainer.tol = (
@@ -555,17 +590,18 @@ class OrtEstimatorMixin(BaseEstimator):
                 carried = (list(previous), max(previous), count)
             scoring = _ValidationScore(self, validation, self.tol, self.n_iter_no_change, carried)
             trainer.tol = None
-        restart = first or not incremental
-        callbacks = [cb for cb in (scoring, self._step_callback(restart)) if cb is not None]
+        callbacks = [cb for cb in (scoring, self._step_callback(first or not incremental)) if cb is not None]
         trainer.callbacks = callbacks or None
-        if self._full_batch():  # scikit-learn's L-BFGS: no epochs, no early stopping
-            if first or (restart and self._t_restarts):
-                self.t_ = self._t_start
-            self._fit_full_batch(trainer, X, y_enc, sw, n_outputs)
-            return self
+        return scoring
+
+    def _fit_epochs(
+        self, data: _Arrays, validation: _Arrays | None, scoring: _ValidationScore | None, resume: bool
+    ) -> None:
+        """The stochastic solvers' epochs (the trainer's fit or resume), then the history."""
+        trainer = self._trainer
         epochs_before = int(getattr(trainer, "n_iter_", 0))
         try:
-            self._train(trainer.resume if resume else trainer.fit, (X, y_enc, sw), validation)
+            self._train(trainer.resume if resume else trainer.fit, data, validation)
         except ort_train_core.ConvergenceError:
             # the trainer rolled back to its last finite state: the fitted attributes and the
             # predictions follow it, as a pickled copy or to_onnx() would
@@ -574,12 +610,6 @@ class OrtEstimatorMixin(BaseEstimator):
         if scoring is not None:
             self._end_early_stopping(trainer, scoring)
         self._store_history(trainer, epochs_before, scoring)
-        if first or (restart and self._t_restarts):
-            self.t_ = self._t_start
-        n_total = _n_rows(X) + (0 if validation is None else _n_rows(validation[0]))
-        # samples seen (MLP: training rows) or updates (SGD: every row of X, as scikit-learn)
-        self.t_ = self.t_ + self.n_iter_ * (_n_rows(X) if self._keeps_best_epoch else n_total)
-        return self
 
     def _end_early_stopping(self, trainer: Any, scoring: _ValidationScore) -> None:
         """The MLPs keep the best epoch's weights; a fit that ran max_iter epochs warns."""
