@@ -89,6 +89,7 @@ def test_out_naming_an_input_is_refused(
         ("n_states", [10**30]),
         ("train_losses_", ["x"]),
         ("n_iter_", True),
+        ("rng", {"bit_generator": "PCG64", "state": {"state": 10**100, "inc": 1}}),
     ],
 )
 def test_checkpoint_with_bad_counters_exits_2(
@@ -171,3 +172,17 @@ def test_stale_cleaner_removes_only_its_own_names(
     assert _run(capsys, *_fit(files, "--epochs", 1, "--checkpoint", files["ckpt"], "--out", out))[0] == 0
     assert [p.name for p in ours if p.exists()] == []
     assert [p.name for p in users if not p.exists()] == []
+
+
+def test_memory_error_anywhere_is_exit_2(
+    files: dict[str, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Data that fit on disk but not in memory once cast or split: one line, exit 2."""
+    import ort_train_core.cli as cli
+
+    def no_memory(*args: Any, **kwargs: Any) -> Any:
+        raise MemoryError
+
+    monkeypatch.setattr(cli, "add_loss_output", no_memory)
+    code, err = _run(capsys, *_fit(files, "--out", files["model"].with_suffix(".o")))
+    _one_line_error(code, err, "not enough memory")

@@ -556,8 +556,8 @@ def _generator(path: str, state: Any) -> np.random.Generator:
     rng = np.random.Generator(getattr(np.random, kind)())
     try:
         rng.bit_generator.state = state
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"{path}: invalid random generator state: {exc}") from exc
+    except (ValueError, TypeError, OverflowError) as exc:  # OverflowError: a state of 10**100
+        raise ValueError(f"{path}: invalid random generator state (rng): {exc}") from exc
     return rng
 
 

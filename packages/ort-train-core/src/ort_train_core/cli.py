@@ -1005,6 +1005,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RuntimeError as exc:  # onnxruntime failed while training
         print(f"ort-train: training failed: {_error_text(exc)}", file=sys.stderr)
         return EXIT_TRAINING_FAILED
+    except MemoryError:  # data that fit on disk and not in memory (a cast, a split, a batch)
+        print(
+            "ort-train: error: not enough memory for this data; free memory, or train on fewer rows",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:  # a second Ctrl-C stops at once
         print("ort-train: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
