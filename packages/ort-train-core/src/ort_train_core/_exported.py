@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from onnx import ModelProto, NodeProto
 
+from ._artefacts import artefact_notes
 from ._builder import FLOAT_TYPES
 from .exceptions import ExportedGraphWarning
 
@@ -226,6 +227,8 @@ def export_notes(model: ModelProto, weights: Sequence[str]) -> list[str]:
             f"Export with {ONE_TO_ONE_EXPORT} to keep each parameter its own tensor; a tensor "
             f"shared on purpose (a tied embedding) is fine: {_SILENCE}."
         )
+    # parameters folded into copies, or dropped (issue 26, items 2 and 4)
+    notes.extend(artefact_notes(model, weights, ONE_TO_ONE_EXPORT, _SILENCE))
     if batchnorm_maybe_folded(model):
         notes.append(
             "the graph comes from torch with Conv nodes and no BatchNormalization: if the network "
