@@ -421,3 +421,42 @@ def test_other_reductions_add_the_rows_position_means(reduction):
     per_position = F.cross_entropy(torch.from_numpy(z), torch.from_numpy(y), reduction="none")
     expected = float((per_position * torch.from_numpy(w)[:, None, None]).sum()) / 10
     assert float(value) == pytest.approx(expected / (shape[0] if reduction == "row_mean" else 1), rel=1e-12)
+
+
+def _open_size_head() -> onnx.ModelProto:
+    """A 1x1 Conv on images of any height and width: the labels' positions are unknown to fit."""
+    rng = np.random.default_rng(9)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["X", "W", "B"], ["Y"], kernel_shape=[1, 1])],
+        "open_size_head",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 3, None, None])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [None, 3, None, None])],
+        [
+            numpy_helper.from_array(rng.normal(size=(3, 3, 1, 1)).astype(np.float32), "W"),
+            numpy_helper.from_array(np.zeros(3, np.float32), "B"),
+        ],
+    )
+    return _model(graph)
+
+
+@pytest.mark.parametrize("labels", ["broadcast", "transposed"])
+@pytest.mark.parametrize("loop", ["full", "partial"])
+def test_labels_of_other_positions_are_refused_at_the_first_step(loop, labels):
+    """Images of open size: a [N, 5, 1] label map broadcast against [N, 3, 5, 6] logits and
+    trained silently; a [N, 6, 5] one would mix positions up. Both stop at the first step,
+    the weights untouched."""
+    from ort_train_core.exceptions import TrainingStepError
+
+    model = _open_size_head()
+    rng = np.random.default_rng(10)
+    X = rng.normal(size=(8, 3, 5, 6)).astype(np.float32)
+    y = rng.integers(0, 3, size=(8, 5, 1) if labels == "broadcast" else (8, 6, 5))
+    common: dict[str, Any] = dict(max_iter=1, batch_size=4, learning_rate=LR, shuffle=False)
+    if loop == "full":
+        trainer: Any = OrtGradientOptimizer(add_loss_output(model, "cross_entropy"), **common)
+    else:
+        trainer = OrtGradientForwardBackwardOptimizer(model, learning_loss="cross_entropy", **common)
+    with pytest.raises(TrainingStepError, match="labels_must_have_the_shape_of_the_logits_positions"):
+        trainer.fit(X, y)
+    np.testing.assert_array_equal(trainer.get_state()["W"], numpy_helper.to_array(model.graph.initializer[0]))
+    trainer.fit(X, rng.integers(0, 3, size=(8, 5, 6)))  # the right shape trains

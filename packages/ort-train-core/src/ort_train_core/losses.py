@@ -210,6 +210,24 @@ def _position_mean(b: NodeBuilder, x: str, pred_shape: list[int | None]) -> str:
     return b.reduce("ReduceMean", x, list(range(1, len(pred_shape) - 1)), 0, "row_loss")
 
 
+def _label_positions(b: NodeBuilder, label: str, pred: str, pred_shape: list[int | None]) -> str:
+    """The labels ``[N, d1, ...]``, refused at run time unless their shape is the positions of
+    the prediction ``[N, C, d1, ...]``, when a position dimension is unknown before run time
+    (``fit`` checks the known ones): labels of another shape would broadcast silently (a
+    ``[N, H, 1]`` map against ``[N, C, H, W]`` logits) or mix positions up (``[N, W, H]``)."""
+    if len(pred_shape) <= 2 or all(isinstance(d, int) for d in pred_shape[2:]):
+        return label
+    positions = b.int_const([0, *range(2, len(pred_shape))], "position_axes")
+    wanted = b.op("Gather", [b.op("Shape", [pred], "logits_shape"), positions], "logits_positions", axis=0)
+    # Max(label shape, wanted) is the label's own shape when they are equal; otherwise it holds
+    # more values than the label, and the Reshape fails naming both shapes
+    target = b.op("Max", [b.op("Shape", [label], "label_shape"), wanted], "label_shape_checked")
+    out = b.name("label_positions")
+    node = b.name("labels_must_have_the_shape_of_the_logits_positions")
+    b.nodes.append(helper.make_node("Reshape", [label, target], [out], name=node))
+    return out
+
+
 def _float_label_like(b: NodeBuilder, label: str, pred_shape: list[int | None]) -> str:
     """An integer 0/1 label cast to float and shaped like a one-column prediction (the column
     on axis 1: ``[N, 1]``, or ``[N, 1, d1, ...]`` for labels per position)."""
@@ -286,6 +304,7 @@ class NegLogLearningLoss(BaseLearningLoss):
             return CrossEntropyLearningLoss().row_loss(b, pred, label, pred_shape)
         if n_cols is None:
             raise ValueError("the 'log' loss needs the number of classes (the prediction's dim 1)")
+        label = _label_positions(b, label, pred, pred_shape)
         if self.probability_function == "sigmoid":
             nll = self._sigmoid_per_class(b, pred, label, n_cols)
         else:
@@ -348,6 +367,7 @@ class CrossEntropyLearningLoss(BaseLearningLoss):
 
     def row_loss(self, b: NodeBuilder, pred: str, label: str, pred_shape: list[int | None]) -> str:
         n_cols = _n_classes(pred_shape)
+        label = _label_positions(b, label, pred, pred_shape)
         if n_cols == 1:
             # binary: the two-class softmax of logits [0, z] (gradient sigmoid(z) - y)
             z = pred if len(pred_shape) >= 2 else b.op("Unsqueeze", [pred, b.int_const([1])], "logit_col")
