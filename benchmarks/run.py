@@ -1,5 +1,5 @@
 """Runs every benchmark: the target scripts ``bench_full.py``, ``bench_sklearn.py``,
-``bench_torch.py``, ``bench_memory.py`` and ``bench_zoo.py`` (their
+``bench_torch.py``, ``bench_memory.py``, ``bench_zoo.py`` and ``bench_graph_prep.py`` (their
 ``main(argv)``, with ``--quick`` and ``--out`` forwarded).
 
 Usage: ``python benchmarks/run.py [--quick] [--out benchmarks/results] [--only NAME ...]``.
@@ -28,7 +28,7 @@ if str(BENCH_DIR) not in sys.path:
 
 import _common as common  # noqa: E402
 
-TARGET_SCRIPTS = ("bench_full", "bench_sklearn", "bench_torch", "bench_memory", "bench_zoo")
+TARGET_SCRIPTS = ("bench_full", "bench_sklearn", "bench_torch", "bench_memory", "bench_zoo", "bench_graph_prep")
 
 
 def run_part(name: str, part: Callable[[], Any]) -> tuple[str, int | str, float]:

@@ -194,7 +194,8 @@ def fused_step_from_gradients(
     """
     g = grad_model.graph
     updates = update_outputs(grad_model)  # running statistics, fed and output like weights
-    data_inputs = [i.name for i in g.input if i.name not in set(weights) and i.name not in updates]
+    trained = set(weights)  # once: per input it made the 20k-weight step quadratic
+    data_inputs = [i.name for i in g.input if i.name not in trained and i.name not in updates]
     elem_type = next(o.type.tensor_type.elem_type for o in g.output if o.name == loss_name)
     opset = next((o.version for o in grad_model.opset_import if o.domain in ("", "ai.onnx")), 17)
     b = NodeBuilder(elem_type, opset, all_names(grad_model), prefix="opt_")
@@ -334,7 +335,8 @@ def _penalty_gradient_graph(
     b.nodes.append(helper.make_node("Identity", [total], ["penalty"], name=b.name("n_penalty")))
     penalty_output = helper.make_tensor_value_info("penalty", elem_type, [])
     pen_model = _model(helper.make_graph(b.nodes, "penalty", inputs, [penalty_output]))
-    with_terms = [w for w in penalized if w in set(names)]
+    known = set(names)
+    with_terms = [w for w in penalized if w in known]
     return backend.gradient_graph(pen_model, "penalty", with_terms), {w: f"{w}_grad" for w in with_terms}
 
 

@@ -38,6 +38,10 @@ MAX_MODEL_BYTES = 2**31 - 1
 #: hours; exported models nest a few levels. A module attribute so that a trusted deeper model
 #: can pass.
 MAX_SUBGRAPH_DEPTH = 8
+#: the most nodes calls of model-local functions (FunctionProto) may expand to once inlined: a
+#: function calling another k times per level expands k**depth times (10 calls over 5 levels:
+#: 11 000 nodes, 8 s of session creation; 6 levels did not finish in 2 minutes).
+MAX_FUNCTION_NODES = 100_000
 
 _TensorType = onnx.TensorProto.DataType
 
@@ -328,29 +332,96 @@ def _node_text(node: onnx.NodeProto) -> str:
     return f"{node.op_type} (output {node.output[0]!r})" if node.output else node.op_type
 
 
-def subgraph_depth(model: onnx.ModelProto) -> int:
-    """How deep control-flow subgraphs nest (0: none), walked without recursion: a model built
-    in memory can nest deeper than Python's recursion limit."""
-    deepest = 0
-    stack: list[tuple[Iterable[onnx.NodeProto], int]] = [(model.graph.node, 0)]
-    stack.extend((function.node, 0) for function in model.functions)
+_FunctionKey = tuple[str, str, str]
+
+
+def _called(node: onnx.NodeProto) -> _FunctionKey:
+    return node.domain, node.op_type, node.overload
+
+
+def _body(nodes: Iterable[onnx.NodeProto]) -> tuple[int, int, list[tuple[int, _FunctionKey]]]:
+    """(nodes, subgraph depth, (level, function) of each call) of a graph or function body,
+    its subgraphs included, walked without recursion: a model built in memory can nest deeper
+    than Python's recursion limit."""
+    count, deepest, calls = 0, 0, []
+    stack: list[tuple[Iterable[onnx.NodeProto], int]] = [(nodes, 0)]
     while stack:
-        nodes, depth = stack.pop()
-        for node in nodes:
+        block, depth = stack.pop()
+        for node in block:
+            count += 1
+            calls.append((depth + 1, _called(node)))
             for _, sub in _subgraphs(node):
                 deepest = max(deepest, depth + 1)
                 stack.append((sub.node, depth + 1))
-    return deepest
+    return count, deepest, calls
+
+
+def _function_costs(model: onnx.ModelProto, source: str) -> dict[_FunctionKey, tuple[int, int]]:
+    """(depth, nodes once inlined) of each model-local function: a call is one more level of
+    nesting, like a subgraph. A function calling itself, directly or not, is refused."""
+    bodies = {(f.domain, f.name, f.overload): _body(f.node) for f in model.functions}
+    costs: dict[_FunctionKey, tuple[int, int]] = {}
+    for root in bodies:
+        # depth-first without recursion, callees before callers; `open_` holds the functions
+        # on the current path, so meeting one again is a cycle
+        stack, open_ = [(root, False)], set()
+        while stack:
+            key, callees_done = stack.pop()
+            count, deepest, calls = bodies[key]
+            if callees_done:
+                known = [(lvl + costs[k][0], costs[k][1]) for lvl, k in calls if k in bodies]
+                # a call is replaced by the callee's nodes
+                size = count - len(known) + sum(n for _, n in known)
+                costs[key] = (max([deepest, *(d for d, _ in known)]), size)
+                open_.discard(key)
+                continue
+            if key in costs:
+                continue
+            if key in open_:
+                raise ValueError(
+                    f"{source}: function {key[1]!r} (domain {key[0]!r}) calls itself, directly or "
+                    "through other functions; ONNX functions cannot be recursive (the model is "
+                    "malformed)"
+                )
+            open_.add(key)
+            stack.append((key, True))
+            callees = dict.fromkeys(k for _, k in calls if k in bodies and k not in costs)
+            stack.extend((k, False) for k in callees)
+    return costs
+
+
+def nesting(model: onnx.ModelProto, source: str = "the model") -> tuple[int, int]:
+    """(how deep control-flow subgraphs and calls of model-local functions nest, 0: none; how
+    many nodes those calls expand to once inlined)."""
+    costs = _function_costs(model, source)
+    _, deepest, calls = _body(model.graph.node)
+    called = [(lvl + costs[k][0], costs[k][1]) for lvl, k in calls if k in costs]
+    depth = max([deepest, *(d for d, _ in called), *(d for d, _ in costs.values())])
+    return depth, sum(n for _, n in called)  # the nodes the calls are replaced by
+
+
+def subgraph_depth(model: onnx.ModelProto) -> int:
+    """How deep control-flow subgraphs and function calls nest (0: none)."""
+    return nesting(model)[0]
 
 
 def _check_depth(model: onnx.ModelProto, source: str) -> None:
-    depth = subgraph_depth(model)
+    depth, inlined = nesting(model, source)
     if depth > MAX_SUBGRAPH_DEPTH:
         raise ValueError(
-            f"{source}: its control flow (If/Loop/Scan subgraphs) is nested {depth} levels deep; "
-            f"at most {MAX_SUBGRAPH_DEPTH} are accepted, because onnxruntime's session creation "
-            "takes about 1.8 times longer per level (minutes at 25). Flatten the control flow; for "
-            "a model you trust, raise ort_train_core._io.MAX_SUBGRAPH_DEPTH"
+            f"{source}: its control flow (If/Loop/Scan subgraphs) and calls of its functions "
+            f"(FunctionProto) are nested {depth} levels deep; at most {MAX_SUBGRAPH_DEPTH} are "
+            "accepted, because onnxruntime's session creation takes about 1.8 times longer per "
+            "level (minutes at 25). Flatten the control flow or inline the functions "
+            "(onnx.inliner.inline_local_functions); for a model you trust, raise "
+            "ort_train_core._io.MAX_SUBGRAPH_DEPTH"
+        )
+    if inlined > MAX_FUNCTION_NODES:
+        raise ValueError(
+            f"{source}: its function calls expand to {inlined} nodes once inlined (functions "
+            f"calling functions several times each); at most {MAX_FUNCTION_NODES} are accepted, "
+            "because onnxruntime's session creation would take hours. For a model you trust, "
+            "raise ort_train_core._io.MAX_FUNCTION_NODES"
         )
 
 

@@ -51,7 +51,8 @@ class DoubleBufferedRunner:
         self.dtype = dtype
         #: BatchNormalization's running statistics: state beside the weights (in
         #: ``state.weights``), double-buffered like them but updated by the step's outputs
-        self.statistic_names = [n for n in state.weights if n not in set(self.weight_names)]
+        trained = set(self.weight_names)
+        self.statistic_names = [n for n in state.weights if n not in trained]
         self.buffers = {
             w: [DeviceArray(state.weights[w], device) for _ in range(2)]
             for w in [*self.weight_names, *self.statistic_names]

@@ -590,9 +590,10 @@ def _classes_from_graph(model: ModelProto) -> np.ndarray | None:
 class _Namer:
     def __init__(self, taken: Iterable[str]) -> None:
         self._taken = set(taken)
+        self._next_suffix: dict[str, int] = {}
 
     def __call__(self, hint: str) -> str:
-        return unique_name(hint, self._taken)
+        return unique_name(hint, self._taken, self._next_suffix)
 
 
 def _constant(namer: _Namer, value: np.ndarray, hint: str) -> tuple[NodeProto, str]:
