@@ -28,7 +28,14 @@ if str(BENCH_DIR) not in sys.path:
 
 import _common as common  # noqa: E402
 
-TARGET_SCRIPTS = ("bench_full", "bench_sklearn", "bench_torch", "bench_memory", "bench_zoo", "bench_graph_prep")
+TARGET_SCRIPTS = (
+    "bench_full",
+    "bench_sklearn",
+    "bench_torch",
+    "bench_memory",
+    "bench_zoo",
+    "bench_graph_prep",
+)
 
 
 def run_part(name: str, part: Callable[[], Any]) -> tuple[str, int | str, float]:
