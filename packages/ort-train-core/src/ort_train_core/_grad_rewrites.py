@@ -67,7 +67,7 @@ from onnx import ModelProto, helper, numpy_helper
 
 from ._builder import NodeBuilder
 from .exceptions import GraphNotDifferentiableError
-from .graph import all_names, ancestors, infer_without_data
+from .graph import all_names, ancestors, cut_frozen_control_flow, infer_without_data
 
 #: (element type, dimensions: a size, or None when not fixed) of a value
 ValueInfo = tuple[int, list[int | None]]
@@ -103,6 +103,7 @@ def rewrite_for_gradient(model: ModelProto, differentiated: Sequence[str]) -> Mo
     (the weights and inputs whose gradient is wanted) reaches them: the same outputs, values
     and weights; node outputs keep their names. Raises GraphNotDifferentiableError for a form
     that crashes onnxruntime and cannot be rewritten."""
+    model = cut_frozen_control_flow(model, differentiated)  # else a Loop aborts the builders
     nodes = model.graph.node
     reached = set(differentiated)
     found = set()

@@ -32,6 +32,8 @@ from .graph import (
     all_names,
     check_differentiable,
     check_no_control_flow,
+    control_flow_error,
+    control_flow_weights,
     float_initializers,
     value_types,
 )
@@ -436,7 +438,13 @@ def _module_graphs(
         builder.initialize(rewritten.SerializeToString(), cfg)
         builder.build(ort_capi.TrainingGraphTransformerConfiguration())
     except Exception as exc:
-        raise _build_error(exc, weights) from exc
+        # a weight behind a Loop, a Scan or a non-constant If gets no gradient (by default
+        # OrtGradientForwardBackward would drop it silently) or raw text: name what to do
+        crossing = control_flow_weights(model, weights, types)
+        error = _build_error(exc, weights)
+        if crossing and (error.weight is None or error.weight in crossing):
+            error = control_flow_error(crossing, "onnxruntime could not build the forward/backward graphs")
+        raise error from exc
     info = builder.get_graph_info()
     grad_model = onnx.load_from_string(builder.get_gradient_model())
     grad_model.ir_version = min(grad_model.ir_version, MAX_IR_VERSION)

@@ -800,40 +800,181 @@ def _reads(graph: onnx.GraphProto) -> set[str]:
     return names
 
 
+def _node_reads(node: onnx.NodeProto) -> tuple[set[str], set[str]]:
+    """The names a node reads as inputs, and those its subgraphs read."""
+    subgraph_reads: set[str] = set()
+    for attr in node.attribute:
+        for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+            subgraph_reads |= _reads(sub)
+    return {i for i in node.input if i}, subgraph_reads
+
+
+def _reached_nodes(model: ModelProto, names: Iterable[str]) -> set[int]:
+    """The indices of the nodes that read one of ``names`` or a value computed from one."""
+    reached, found = set(names), set()
+    for idx, node in enumerate(model.graph.node):
+        reads, subgraph_reads = _node_reads(node)
+        if (reads | subgraph_reads) & reached:
+            reached.update(node.output)
+            found.add(idx)
+    return found
+
+
+def _control_flow_nodes(
+    model: ModelProto, weights: Sequence[str], needed: set[int]
+) -> list[tuple[onnx.NodeProto, list[str]]]:
+    """The control-flow nodes among ``needed`` that read a weight or a value computed from one,
+    each with the weights it reads inside its subgraphs."""
+    found = []
+    for idx in sorted(_reached_nodes(model, weights) & needed):
+        node = model.graph.node[idx]
+        if node.domain in ("", "ai.onnx") and node.op_type in CONTROL_FLOW_OPS:
+            found.append((node, sorted(_node_reads(node)[1] & set(weights))))
+    return found
+
+
+#: what to do about a weight whose gradient would cross a Loop, a Scan or a non-constant If
+CONTROL_FLOW_FIXES = (
+    "onnxruntime-training differentiates no Loop or Scan, and an If only when its condition is "
+    "a constant (the branch is then inlined), on every route: the full and partial loops and "
+    "OnnxModule alike. Leave those weights out of weights_to_train to keep them frozen, or export "
+    "the model without the control flow: the TorchScript exporter (dynamo=False) traces Python "
+    "branches and loops into plain operators, but torch.nn.EmbeddingBag exports a Loop with both "
+    "exporters (nn.Embedding followed by a sum or mean over the bag axis exports Gather and "
+    "ReduceSum/ReduceMean instead)"
+)
+
+
 def check_no_control_flow(
     model: ModelProto, weights: Sequence[str], output: str, types: Mapping[str, int] | None = None
 ) -> None:
     """Raises when a control-flow node (:data:`CONTROL_FLOW_OPS`) reads a weight, or a value
     computed from one, on the way to ``output``: the single-graph gradient builder fails there
-    with raw C++ text or aborts the process, while the partial loop trains such graphs."""
+    with raw C++ text or aborts the process, while the partial loop trains an If whose
+    condition is a constant."""
     _, needed = differentiable_ancestors(model, [output], types)
-    reached = set(weights)
-    blocking = []
-    for idx, node in enumerate(model.graph.node):
-        reads = {i for i in node.input if i}
-        subgraph_reads: set[str] = set()
-        for attr in node.attribute:
-            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
-                subgraph_reads |= _reads(sub)
-        if not (reads | subgraph_reads) & reached:
-            continue
-        reached.update(node.output)
-        if idx in needed and node.domain in ("", "ai.onnx") and node.op_type in CONTROL_FLOW_OPS:
-            inside = sorted(subgraph_reads & set(weights))
-            what = (
-                f"reads weight(s) {inside} inside its subgraphs"
-                if inside
-                else "lies between the weights and the loss"
-            )
-            blocking.append(f"node {node.name or node.output[0]!r} ({node.op_type}) {what}")
-    if blocking:
-        raise GraphNotDifferentiableError(
-            f"the fused training loop cannot differentiate through control flow: {'; '.join(blocking)}. "
-            "onnxruntime-training's single-graph gradient builder has no gradient for If/Loop/Scan "
-            "subgraphs; its forward/backward builder has: train this graph with the partial loop "
-            "(OrtGradientForwardBackwardOptimizer, training='partial' in the scikit-learn estimators, "
-            "or OnnxModule), or leave those weights out of weights_to_train"
-        )
+    found = _control_flow_nodes(model, weights, needed)
+    between = "lies between the weights and the loss"
+    blocking = [
+        f"node {node.name or node.output[0]!r} ({node.op_type}) "
+        + (f"reads weight(s) {inside} inside its subgraphs" if inside else between)
+        for node, inside in found
+    ]
+    if not blocking:
+        return
+    fix = (
+        "its forward/backward builder inlines an If whose condition is a constant: train this graph "
+        "with the partial loop (OrtGradientForwardBackwardOptimizer, training='partial' in the "
+        "scikit-learn estimators, or OnnxModule), or leave those weights out of weights_to_train"
+        if any(node.op_type == "If" for node, _ in found)
+        else CONTROL_FLOW_FIXES
+    )
+    raise GraphNotDifferentiableError(
+        f"the fused training loop cannot differentiate through control flow: {'; '.join(blocking)}. "
+        f"onnxruntime-training's single-graph gradient builder has no gradient for If/Loop/Scan "
+        f"subgraphs; {fix}"
+    )
+
+
+def control_flow_weights(
+    model: ModelProto, weights: Sequence[str], types: Mapping[str, int] | None = None
+) -> dict[str, str]:
+    """The weights whose gradient would cross a control-flow node on the way to the outputs,
+    each with that node described (for :func:`control_flow_error`).
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The model.
+    weights : sequence of str
+        The weights to train.
+    types : mapping of str to int, optional
+        :func:`value_types` of ``model``, when the caller has them.
+
+    Returns
+    -------
+    dict of str to str
+        Weight -> ``"node 'name' (Loop)"``, with where it reads the weight; empty when none.
+    """
+    _, needed = differentiable_ancestors(model, [o.name for o in model.graph.output], types)
+    out: dict[str, str] = {}
+    for node, inside in _control_flow_nodes(model, weights, needed):
+        where = " (read inside its subgraphs)" if inside else ""
+        through = inside or sorted(set(weights) & ancestors(model, list(node.output))[0])
+        for w in through:
+            out.setdefault(w, f"node {node.name or node.output[0]!r} ({node.op_type}){where}")
+    return out
+
+
+def control_flow_error(found: Mapping[str, str], who: str) -> GraphNotDifferentiableError:
+    """The refusal for the weights :func:`control_flow_weights` found, naming each weight, its
+    node and the alternatives.
+
+    Parameters
+    ----------
+    found : mapping of str to str
+        What :func:`control_flow_weights` returned (not empty).
+    who : str
+        What cannot be built, at the start of the message.
+
+    Returns
+    -------
+    GraphNotDifferentiableError
+        The error to raise; its ``.weight`` is None, as it is no weight to leave out quietly.
+    """
+    nodes: dict[str, list[str]] = {}
+    for weight, node in found.items():
+        nodes.setdefault(node, []).append(weight)
+    listed = "; ".join(f"weight(s) {weights} through {node}" for node, weights in nodes.items())
+    return GraphNotDifferentiableError(
+        f"{who}: the gradient cannot cross control flow: {listed}. {CONTROL_FLOW_FIXES}"
+    )
+
+
+def cut_frozen_control_flow(model: ModelProto, differentiated: Sequence[str]) -> ModelProto:
+    """``model``, or a copy where each float output of a control-flow node that no value of
+    ``differentiated`` reaches passes through ``SequenceAt(SequenceConstruct(.), 0)``: the same
+    values, but the gradient builders stop there. onnxruntime-training's builders abort the
+    process (a C++ assertion) on a Loop whose float output reaches the loss even when nothing
+    behind it is trained (a frozen TorchScript EmbeddingBag); they stop at sequence operators,
+    which have no gradient, as on the dynamo export's Loop.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The model.
+    differentiated : sequence of str
+        The weights and inputs whose gradient is wanted.
+
+    Returns
+    -------
+    onnx.ModelProto
+        ``model`` itself when there is nothing to cut.
+    """
+    nodes = model.graph.node
+    flow = {k for k, n in enumerate(nodes) if n.op_type in CONTROL_FLOW_OPS and n.domain in ("", "ai.onnx")}
+    frozen = flow - _reached_nodes(model, differentiated)
+    if not frozen or _opset(model) < 11:
+        return model
+    types = value_types(model)
+    cuts = {o for k in frozen for o in nodes[k].output if types.get(o) in FLOAT_TYPES}
+    if not cuts:
+        return model
+    out = _copy(model)
+    taken = all_names(model)
+    zero = unique_name("cut_index", taken)
+    out.graph.initializer.append(numpy_helper.from_array(np.array(0, dtype=np.int64), zero))
+    del out.graph.node[:]
+    for original in nodes:
+        node = out.graph.node.add()
+        node.CopyFrom(original)
+        for j, name in enumerate(original.output):
+            if name in cuts:
+                inner, seq = unique_name(f"{name}_cf", taken), unique_name(f"{name}_seq", taken)
+                node.output[j] = inner
+                out.graph.node.append(helper.make_node("SequenceConstruct", [inner], [seq]))
+                out.graph.node.append(helper.make_node("SequenceAt", [seq, zero], [name]))
+    return out
 
 
 def _blocking_message(nodes: Sequence[onnx.NodeProto]) -> str:
