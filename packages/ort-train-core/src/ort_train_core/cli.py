@@ -140,6 +140,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("model", help="an ONNX prediction graph; the loss is added by --loss")
     _data_arguments(p)
+    _training_arguments(p)
+    _output_arguments(p)
+    p.set_defaults(func=cmd_fit)
+
+    p = sub.add_parser(
+        "eval",
+        help="loss and metrics of a prediction graph on a .csv or .npz file",
+        epilog=(
+            "regression losses report loss, mse, mae and r2; --loss log (probabilities) or "
+            "cross_entropy (logits) report loss, accuracy and log_loss.\n"
+            "example: ort-train eval trained.onnx --data test.csv --target y"
+        ),
+    )
+    p.add_argument("model", help="an ONNX prediction graph")
+    _data_arguments(p)
+    p.set_defaults(func=cmd_eval)
+    return parser
+
+
+def _training_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``fit`` that decide the training: optimizer, rates, epochs, batches,
+    validation and early stopping, shuffling."""
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd", help="update rule (default sgd)")
     p.add_argument(
         "--lr", type=_positive_float, default=None, help="learning rate (default 0.01; 0.001 for adam)"
@@ -171,6 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--shuffle", action=argparse.BooleanOptionalAction, default=True, help="shuffle each epoch"
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the shuffling and the split (default 0)")
+
+
+def _output_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``fit`` that decide what it writes: the model, the checkpoints, the bar."""
     p.add_argument("--out", required=True, help="where to write the trained prediction graph (.onnx)")
     p.add_argument(
         "--checkpoint",
@@ -194,25 +220,12 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_fit)
-
-    p = sub.add_parser(
-        "eval",
-        help="loss and metrics of a prediction graph on a .csv or .npz file",
-        epilog=(
-            "regression losses report loss, mse, mae and r2; --loss log (probabilities) or "
-            "cross_entropy (logits) report loss, accuracy and log_loss.\n"
-            "example: ort-train eval trained.onnx --data test.csv --target y"
-        ),
-    )
-    p.add_argument("model", help="an ONNX prediction graph")
-    _data_arguments(p)
-    p.set_defaults(func=cmd_eval)
-    return parser
 
 
 def _data_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", required=True, help="a .csv with a header row, or an .npz")
+    p.add_argument(
+        "--data", required=True, help="a .csv with a header row (numbers only, no comment lines), or an .npz"
+    )
     p.add_argument("--target", required=True, help="the target column (or .npz array)")
     p.add_argument("--loss", choices=LOSSES, default="squared_error", help="default squared_error")
     p.add_argument("--output-index", type=int, default=0, help="the model output the loss reads (default 0)")
