@@ -36,6 +36,7 @@ import onnx
 from onnx import ModelProto, helper
 
 from ._builder import NodeBuilder, unique_name
+from ._metadata import read_updates
 
 #: the model metadata key under which :func:`with_updates` records the update outputs
 UPDATES_KEY = "ort_train.running_statistics"
@@ -217,8 +218,7 @@ def update_outputs(model: ModelProto) -> dict[str, str]:
     dict of str to str
         The output of each statistic.
     """
-    text = next((p.value for p in model.metadata_props if p.key == UPDATES_KEY), "")
-    return dict(pair.split("=", 1) for pair in text.split(";") if pair)
+    return read_updates(model, UPDATES_KEY)  # checked: the model file may be forged
 
 
 def _is_training_dropout(node: onnx.NodeProto) -> bool:

@@ -21,6 +21,7 @@ from ._builder import FLOAT_TYPES, NodeBuilder, unique_name
 from ._exported import export_notes, exporter_constants, warn_exported_graph
 from ._io import validate_model
 from .exceptions import GraphNotDifferentiableError
+from ._metadata import read_metadata
 from .losses import BaseLearningLoss, BaseLearningPenalty, ElasticLearningPenalty, make_loss, reduce_rows
 
 __all__ = [
@@ -158,10 +159,9 @@ def _copy_meta(src: ModelProto, dst: ModelProto) -> None:
 
 
 def get_metadata(model: ModelProto, key: str) -> Any:
-    for prop in model.metadata_props:
-        if prop.key == META_PREFIX + key:
-            return json.loads(prop.value)
-    return None
+    """``ort_train.<key>`` when present and consistent with the graph, else None (a forged or
+    stale value is ignored with a warning: :func:`._metadata.read_metadata`)."""
+    return read_metadata(model, key)
 
 
 def set_metadata(model: ModelProto, key: str, value: Any) -> None:
