@@ -24,9 +24,7 @@ def test_int64_beyond_float32_integers_warns() -> None:
     assert "2**24" in text
     assert "16777217 becomes 16777216" in text
     np.testing.assert_array_equal(out, values.astype(np.float32))  # numpy's rounding, unchanged
-
-
-def test_exact_integers_pass_silently() -> None:
+    # integers float32 holds exactly, however large, pass without a word
     values = np.array([0, 2**24, 2**30, -(2**53)], dtype=np.int64)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
