@@ -376,20 +376,7 @@ class OnnxModule(nn.Module):
         #: BatchNormalization's running statistics: torch buffers, updated by training forwards
         self.onnx_buffer_names: dict[str, str] = dict(zip(attrs[len(weights) :], probe.statistics))
         warn_exported_graph(model, weights, "OnnxModule")
-        values = initializer_values(model, weights)
-        bad = describe_non_finite(values)
-        if bad:  # not an error: torch modules are often built first and initialised after
-            warnings.warn(
-                f"OnnxModule: the initializers {bad} hold NaN or inf: outputs and gradients will be "
-                "NaN; load finite values (load_state_dict) or re-initialise the parameters "
-                "(torch.nn.init) before training",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        for attr, name in self.onnx_names.items():
-            self.register_parameter(attr, nn.Parameter(torch.from_numpy(np.array(values[name], copy=True))))
-        for attr, name in self.onnx_buffer_names.items():
-            self.register_buffer(attr, torch.from_numpy(probe.get_statistics()[name]))
+        self._register_tensors(model, weights, probe)
         #: the dtype the graph computes each parameter and buffer in: ``.double()`` converts
         #: the tensors but not the graph, which onnxruntime would refuse in C++ terms
         self._onnx_dtypes: dict[str, torch.dtype] = {
@@ -398,13 +385,27 @@ class OnnxModule(nn.Module):
         self._graphs: dict[tuple[str, tuple[str, ...]], OrtGradientForwardBackward] = {("cpu", ()): probe}
         # the outputs (indices) each input and each parameter reaches with a gradient, which the
         # backward reads at every step
-        reached = [differentiable_ancestors(model, [name])[0] for name in self.output_names]
-
-        def reach(names: Sequence[str]) -> list[frozenset[int]]:
-            return [frozenset(k for k, found in enumerate(reached) if name in found) for name in names]
-
-        self._output_reach = (reach(self.input_names), reach(weights))
+        self._output_reach = _output_reach(model, self.output_names, self.input_names, weights)
         self._weight_values: dict[str, tuple[tuple[Any, ...], Any]] = {}
+
+    def _register_tensors(
+        self, model: ModelProto, weights: list[str], probe: OrtGradientForwardBackward
+    ) -> None:
+        """The trained initializers as parameters, the running statistics as buffers."""
+        values = initializer_values(model, weights)
+        bad = describe_non_finite(values)
+        if bad:  # not an error: torch modules are often built first and initialised after
+            warnings.warn(
+                f"OnnxModule: the initializers {bad} hold NaN or inf: outputs and gradients will be "
+                "NaN; load finite values (load_state_dict) or re-initialise the parameters "
+                "(torch.nn.init) before training",
+                RuntimeWarning,
+                stacklevel=3,  # the caller of __init__
+            )
+        for attr, name in self.onnx_names.items():
+            self.register_parameter(attr, nn.Parameter(torch.from_numpy(np.array(values[name], copy=True))))
+        for attr, name in self.onnx_buffer_names.items():
+            self.register_buffer(attr, torch.from_numpy(probe.get_statistics()[name]))
 
     # ---- pickling / copying: onnxruntime objects are rebuilt on first use --------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -545,48 +546,7 @@ class OnnxModule(nn.Module):
         device = params[0].device if params else (inputs[0].device if inputs else torch.device("cpu"))
         self._check_inputs(inputs, device)
         if self.training:
-            # as torch's train(): the training forward (batch statistics, running statistics
-            # updated, dropout) whatever the grad mode; only the backward's state is optional
-            needs_grad = tuple([t.requires_grad and t.is_floating_point() for t in inputs])
-            with_grad = torch.is_grad_enabled() and (
-                True in needs_grad or True in [p.requires_grad for p in params]
-            )
-            if with_grad:
-                for k, t in enumerate(inputs):
-                    if t.numel() == 0:  # its backward would fail in onnxruntime's gradient kernels
-                        raise ValueError(
-                            f"input {k} ({self.input_names[k]!r}) is empty (shape {tuple(t.shape)}): "
-                            "onnxruntime cannot differentiate an empty batch; skip it, or run it in "
-                            "eval() mode or under torch.no_grad()"
-                        )
-            requiring = (
-                tuple([n for n, needed in zip(self.input_names, needs_grad) if needed]) if with_grad else ()
-            )
-            fb = self._forward_backward(device, requiring)
-            values = [*buffer_values, *self._parameter_values(params)]
-            outputs: tuple[torch.Tensor, ...]
-            if with_grad:
-                reach = getattr(self, "_output_reach", None)  # None: unpickled from an older version
-                outputs = _OnnxFunction.apply(  # type: ignore[no-untyped-call]
-                    fb, needs_grad, values, reach, *inputs, *params
-                )
-            else:
-                # nothing to differentiate: the same forward outside autograd, its state for a
-                # backward dropped at once
-                wait_for_torch(device)
-                feeds = [ortvalue_from_tensor(t) for t in inputs]
-                feeds.extend(values)
-                out, _ = fb.run_forward(feeds, [])
-                outputs = tuple(tensors_from_ortvalues(out))
-            n = len(self.output_names)
-            # the updated running statistics follow the outputs, as in torch's train(); an
-            # empty batch (possible without a gradient) has no statistics: torch keeps the
-            # running ones, where the graph's would be garbage
-            if buffers and 0 not in [t.numel() for t in inputs]:
-                with torch.no_grad():
-                    for buffer, new in zip(buffers, outputs[n:]):
-                        buffer.copy_(new)
-            outputs = outputs[:n]
+            outputs = self._train_forward(inputs, params, buffers, buffer_values, device)
         else:
             fb = self._forward_backward(device, ())
             wait_for_torch(device)
@@ -595,6 +555,61 @@ class OnnxModule(nn.Module):
             results = fb.forward(feeds, training=False, weights=weights, statistics=buffer_values)
             outputs = tuple(tensor_from_ortvalue(o) for o in results)
         return outputs[0] if len(outputs) == 1 else outputs
+
+    def _train_forward(
+        self,
+        inputs: Sequence[torch.Tensor],
+        params: list[nn.Parameter],
+        buffers: list[torch.Tensor],
+        buffer_values: list[Any],
+        device: torch.device,
+    ) -> tuple[torch.Tensor, ...]:
+        """As torch's train(): the training forward (batch statistics, running statistics
+        updated, dropout) whatever the grad mode; only the backward's state is optional."""
+        needs_grad = tuple([t.requires_grad and t.is_floating_point() for t in inputs])
+        with_grad = torch.is_grad_enabled() and (
+            True in needs_grad or True in [p.requires_grad for p in params]
+        )
+        requiring: tuple[str, ...] = ()
+        if with_grad:
+            self._check_not_empty(inputs)
+            requiring = tuple([n for n, needed in zip(self.input_names, needs_grad) if needed])
+        fb = self._forward_backward(device, requiring)
+        values = [*buffer_values, *self._parameter_values(params)]
+        outputs: tuple[torch.Tensor, ...]
+        if with_grad:
+            reach = getattr(self, "_output_reach", None)  # None: unpickled from an older version
+            outputs = _OnnxFunction.apply(  # type: ignore[no-untyped-call]
+                fb, needs_grad, values, reach, *inputs, *params
+            )
+        else:
+            # nothing to differentiate: the same forward outside autograd, its state for a
+            # backward dropped at once
+            wait_for_torch(device)
+            feeds = [ortvalue_from_tensor(t) for t in inputs]
+            feeds.extend(values)
+            out, _ = fb.run_forward(feeds, [])
+            outputs = tuple(tensors_from_ortvalues(out))
+        n = len(self.output_names)
+        # the updated running statistics follow the outputs, as in torch's train(); an empty
+        # batch (possible without a gradient) has no statistics: torch keeps the running ones,
+        # where the graph's would be garbage
+        if buffers and 0 not in [t.numel() for t in inputs]:
+            with torch.no_grad():
+                for buffer, new in zip(buffers, outputs[n:]):
+                    buffer.copy_(new)
+        return outputs[:n]
+
+    def _check_not_empty(self, inputs: Sequence[torch.Tensor]) -> None:
+        """Refuses an empty input to differentiate: its backward would fail in onnxruntime's
+        gradient kernels."""
+        for k, t in enumerate(inputs):
+            if t.numel() == 0:
+                raise ValueError(
+                    f"input {k} ({self.input_names[k]!r}) is empty (shape {tuple(t.shape)}): "
+                    "onnxruntime cannot differentiate an empty batch; skip it, or run it in "
+                    "eval() mode or under torch.no_grad()"
+                )
 
     # ---- export -----------------------------------------------------------------------------
     def to_onnx(self) -> ModelProto:
@@ -623,6 +638,18 @@ class OnnxModule(nn.Module):
             The ``.onnx`` file to write.
         """
         onnx.save(self.to_onnx(), os.fspath(path))
+
+
+def _output_reach(
+    model: ModelProto, outputs: Sequence[str], inputs: Sequence[str], weights: Sequence[str]
+) -> tuple[list[frozenset[int]], list[frozenset[int]]]:
+    """The outputs (indices) each input and each weight reaches with a gradient."""
+    reached = [differentiable_ancestors(model, [name])[0] for name in outputs]
+
+    def reach(names: Sequence[str]) -> list[frozenset[int]]:
+        return [frozenset(k for k, found in enumerate(reached) if name in found) for name in names]
+
+    return reach(inputs), reach(weights)
 
 
 #: the module method that converts a module's floating tensors to the dtype
