@@ -98,12 +98,7 @@ def with_updates(model: ModelProto, statistics: Sequence[str]) -> tuple[ModelPro
         return model, {}
     out = ModelProto()
     out.CopyFrom(model)
-    types = {i.name: i.type.tensor_type.elem_type for i in out.graph.input}
-    types.update((i.name, i.data_type) for i in out.graph.initializer)
-    dims = {
-        i.name: [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim] for i in out.graph.input
-    }
-    dims.update((i.name, list(i.dims)) for i in out.graph.initializer)
+    types, dims = _types_and_dims(out)
     opset = next((o.version for o in out.opset_import if o.domain in ("", "ai.onnx")), 17)
     updates: dict[str, str] = {}
     outputs = []
@@ -113,22 +108,10 @@ def with_updates(model: ModelProto, statistics: Sequence[str]) -> tuple[ModelPro
     for node in out.graph.node:
         if not _is_batch_norm(node) or not set(node.input[3:5]) & wanted:
             continue
-        _training_mode(node, b)
-        x, mean, var = node.input[0], node.input[3], node.input[4]
+        mean, var = node.input[3], node.input[4]
         b.elem_type = types.get(mean, onnx.TensorProto.FLOAT)
         b.np_dtype = helper.tensor_dtype_to_np_dtype(b.elem_type)
-        # onnxruntime's training-mode kernels write their running statistics over their mean and
-        # variance inputs (in place, constants and graph inputs included), which the update reads
-        # (and onnxruntime shares a constant among the nodes that read equal ones): the node gets
-        # zeros made at each run, which no other node reads (Y does not depend on them then)
-        node.input[3] = b.op("Sub", [mean, mean], "unread_mean")
-        node.input[4] = b.op("Sub", [var, var], "unread_var")
-        first.extend(b.nodes)
-        b.nodes = []
-        momentum = next((a.f for a in node.attribute if a.name == "momentum"), 0.9)
-        new_mean, new_var = _update_nodes(b, x, mean, var, momentum)
-        last.extend(b.nodes)
-        b.nodes = []
+        new_mean, new_var = _updating_node(node, b, first, last)
         for name, new in ((mean, new_mean), (var, new_var)):
             if name in wanted and name not in updates:
                 updates[name] = new
@@ -139,6 +122,40 @@ def with_updates(model: ModelProto, statistics: Sequence[str]) -> tuple[ModelPro
     out.graph.output.extend(outputs)
     out.metadata_props.add(key=UPDATES_KEY, value=";".join(f"{k}={v}" for k, v in updates.items()))
     return out, updates
+
+
+def _types_and_dims(model: ModelProto) -> tuple[dict[str, int], dict[str, list[Any]]]:
+    """The element type and the dimensions of each graph input and initializer."""
+    types = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
+    types.update((i.name, i.data_type) for i in model.graph.initializer)
+    dims: dict[str, list[Any]] = {
+        i.name: [d.dim_value or d.dim_param for d in i.type.tensor_type.shape.dim] for i in model.graph.input
+    }
+    dims.update((i.name, list(i.dims)) for i in model.graph.initializer)
+    return types, dims
+
+
+def _updating_node(
+    node: onnx.NodeProto, b: NodeBuilder, first: list[onnx.NodeProto], last: list[onnx.NodeProto]
+) -> tuple[str, str]:
+    """Sets the BatchNormalization ``node`` in training mode (in place) and builds the updated
+    running mean and variance: the constants it reads go to ``first``, the update nodes to
+    ``last``; returns the names of the updated mean and variance."""
+    _training_mode(node, b)
+    x, mean, var = node.input[0], node.input[3], node.input[4]
+    # onnxruntime's training-mode kernels write their running statistics over their mean and
+    # variance inputs (in place, constants and graph inputs included), which the update reads
+    # (and onnxruntime shares a constant among the nodes that read equal ones): the node gets
+    # zeros made at each run, which no other node reads (Y does not depend on them then)
+    node.input[3] = b.op("Sub", [mean, mean], "unread_mean")
+    node.input[4] = b.op("Sub", [var, var], "unread_var")
+    first.extend(b.nodes)
+    b.nodes = []
+    momentum = next((a.f for a in node.attribute if a.name == "momentum"), 0.9)
+    new_mean, new_var = _update_nodes(b, x, mean, var, momentum)
+    last.extend(b.nodes)
+    b.nodes = []
+    return new_mean, new_var
 
 
 def _training_mode(node: onnx.NodeProto, b: NodeBuilder) -> None:

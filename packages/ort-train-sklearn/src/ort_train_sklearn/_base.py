@@ -115,6 +115,7 @@ _COMMON_CONSTRAINTS: dict[str, list[Any]] = {
     "training": [StrOptions({"full", "partial"})],
     "checkpoint_dir": [str, os.PathLike, None],
     "checkpoint_every": [Interval(Integral, 1, None, closed="left")],
+    "threads": [Interval(Integral, 1, None, closed="left"), None],
 }
 
 
@@ -259,7 +260,7 @@ class _ValidationScore(Callback):
             rows = (self.X[0] if isinstance(self.X, tuple) else self.X).shape[0]
             values = float(sum(v.size for v in state.values()))
             self._session = inference_session(
-                graph.SerializeToString(), device, cpu_threads(device, rows, values)
+                graph.SerializeToString(), device, cpu_threads(device, rows, values, self.estimator.threads)
             )
         names = [i.name for i in self._session.get_inputs()]
         if isinstance(self.X, tuple):
@@ -818,6 +819,7 @@ class OrtEstimatorMixin(BaseEstimator):
             batch_size=batch,
             learning_rate=self._learning_rate(scale),
             device=self.device,
+            threads=self.threads,
             warm_start=True,
             checkpoint_dir=None if self.checkpoint_dir is None else os.fspath(self.checkpoint_dir),
             checkpoint_every=self.checkpoint_every,
@@ -898,7 +900,7 @@ class OrtEstimatorMixin(BaseEstimator):
             sessions[kind] = _Sessions(model.SerializeToString(), count_weight_values(model), {})
         entry = sessions[kind]
         device = parse_device(self.device)
-        threads = cpu_threads(device, rows, entry.weight_values)
+        threads = cpu_threads(device, rows, entry.weight_values, self.threads)
         if threads not in entry.by_threads:
             entry.by_threads[threads] = inference_session(entry.model, device, threads)
         return entry.by_threads[threads]

@@ -48,6 +48,12 @@ SHARED_ENTRIES: dict[str, Entry] = {
     ),
     "verbose": ("int", "0: silent; 1: a progress bar; 2: one line per epoch."),
     "device": ("str", "Where onnxruntime trains: ``'cpu'``, ``'cuda'`` or ``'cuda:N'``."),
+    "threads": (
+        "int or None",
+        "onnxruntime's intra-op threads in every session the estimator makes (training steps,\n"
+        "validation, predictions); None: one thread where the work is small (batch x weight\n"
+        "values up to 1e7), onnxruntime's default pool above.",
+    ),
     "training": (
         "{'full', 'partial'}",
         "``'full'``: one onnxruntime run per step, of a graph holding the loss, its gradient and\n"

@@ -231,18 +231,7 @@ def classifier_head(model: ModelProto, output: str, classes: np.ndarray, kind: s
         ]
     else:
         nodes.append(helper.make_node("ArgMax", [output], ["head_index"], axis=1, keepdims=0))
-    if classes.dtype.kind in "iu":
-        cls = numpy_helper.from_array(classes.astype(np.int64), "head_classes")
-        label_type = TensorProto.INT64
-    elif classes.dtype.kind == "b":
-        cls = numpy_helper.from_array(classes.astype(np.bool_), "head_classes")
-        label_type = TensorProto.BOOL
-    elif classes.dtype.kind == "f":
-        cls = numpy_helper.from_array(classes.astype(np.float64), "head_classes")
-        label_type = TensorProto.DOUBLE
-    else:
-        cls = numpy_helper.from_array(np.array([str(c) for c in classes], dtype=object), "head_classes")
-        label_type = TensorProto.STRING
+    cls, label_type = _class_table(classes)
     g.initializer.append(cls)
     nodes.append(helper.make_node("Gather", ["head_classes", "head_index"], ["label"], axis=0))
     g.node.extend(nodes)
@@ -255,6 +244,19 @@ def classifier_head(model: ModelProto, output: str, classes: np.ndarray, kind: s
     )
     onnx.checker.check_model(out)
     return out
+
+
+def _class_table(classes: np.ndarray) -> tuple[onnx.TensorProto, int]:
+    """The initializer 'head_classes' the label is gathered from, and its element type: int64,
+    bool, double or string labels, as skl2onnx writes them."""
+    if classes.dtype.kind in "iu":
+        return numpy_helper.from_array(classes.astype(np.int64), "head_classes"), TensorProto.INT64
+    if classes.dtype.kind == "b":
+        return numpy_helper.from_array(classes.astype(np.bool_), "head_classes"), TensorProto.BOOL
+    if classes.dtype.kind == "f":
+        return numpy_helper.from_array(classes.astype(np.float64), "head_classes"), TensorProto.DOUBLE
+    names = np.array([str(c) for c in classes], dtype=object)
+    return numpy_helper.from_array(names, "head_classes"), TensorProto.STRING
 
 
 def probabilities(logits: np.ndarray, log: bool = False) -> np.ndarray:

@@ -26,7 +26,13 @@ from ort_train_core import (
 )
 from ort_train_core._data import dense_rows, is_sparse
 
-from ._base import _COMMON_CONSTRAINTS, OrtClassifierMixin, OrtEstimatorMixin, OrtRegressorMixin
+from ._base import (
+    _COMMON_CONSTRAINTS,
+    OrtClassifierMixin,
+    OrtEstimatorMixin,
+    OrtRegressorMixin,
+    inference_session,
+)
 from ._docs import Entry, fill_doc
 from ._graphs import dense_graph, layer_names
 
@@ -71,7 +77,7 @@ _MLP_ENTRIES: dict[str, Entry] = {
         "%(learning_rate_init)s\n%(power_t)s\n%(max_iter)s\n%(shuffle)s\n%(random_state)s\n%(tol)s\n"
         "%(verbose)s\n%(warm_start)s\n%(momentum)s\n%(nesterovs_momentum)s\n%(early_stopping)s\n"
         "%(validation_fraction)s\n%(beta_1)s\n%(beta_2)s\n%(epsilon)s\n%(n_iter_no_change)s\n%(max_fun)s\n%(device)s\n"
-        "%(training)s\n%(checkpoint_dir)s\n%(checkpoint_every)s"
+        "%(training)s\n%(checkpoint_dir)s\n%(checkpoint_every)s\n%(threads)s"
     ),
 }
 
@@ -185,72 +191,12 @@ class _OrtMLPBase(OrtEstimatorMixin):
         computes the loss and its gradient (the gradient graph of the loss graph, weights as
         inputs). The weights start from the trainer's (Glorot, or the current ones with
         ``warm_start``) and end in it."""
-        import onnxruntime
         from scipy.optimize import minimize
 
-        model = self._raw_model
-        score, _, scale = self._loss(n_outputs)
-        names = self._trained_weights(model)
-        n = int(X.shape[0])
-        total_weight = float(n if sw is None else np.sum(sw, dtype=np.float64))
-        _, l2 = self._penalty(scale, total_weight)
-        penalty = {w: {"l2": l2} for w in self._penalized_weights(model)} if l2 else None
-        loss_model = add_loss_output(
-            model, score, weight_name="sample_weight", penalty=penalty, reduction="mean"
-        )
-        data_inputs = {i.name for i in model.graph.input}
-        labels = [i for i in loss_model.graph.input if i.name not in data_inputs and i.name not in names]
-        grad_model = onnx_derivative(
-            loss_model,
-            weights=names,
-            inputs=[],
-            options=DerivativeOptions.Loss,
-            loss="loss",
-            label=[i.name for i in labels],
-        )
-        sess = onnxruntime.InferenceSession(
-            grad_model.SerializeToString(), providers=parse_device(self.device).providers
-        )
-        feeds: dict[str, Any] = {model.graph.input[0].name: dense_rows(X, slice(None)) if is_sparse(X) else X}
-        for vi in labels:
-            dtype = helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
-            if vi.name == "sample_weight":
-                feeds[vi.name] = np.ones(n, dtype=dtype) if sw is None else sw.astype(dtype)
-                continue
-            rank = len(vi.type.tensor_type.shape.dim)
-            y = y_enc.reshape(n, -1) if rank == 2 else y_enc.reshape(n)
-            feeds[vi.name] = y.astype(dtype)
-        state = trainer.get_state()
-        shapes = [state[w].shape for w in names]
-        bounds = np.cumsum([int(np.prod(shape)) for shape in shapes])[:-1]
-        outputs = ["loss", *(f"{w}_grad" for w in names)]
-
-        def unpack(x: np.ndarray) -> dict[str, np.ndarray]:
-            parts = np.split(x, bounds)
-            return {w: p.reshape(shape).astype(np.float32) for w, p, shape in zip(names, parts, shapes)}
-
-        # scikit-learn's gradient is that of the loss summed over the outputs, its reported value
-        # the mean over rows and outputs plus the penalty: the same for one output. For several,
-        # the optimiser gets the objective of the gradient (their pair is inconsistent, and the
-        # line search stops early on it in float32) and loss_ is reported in scikit-learn's scale
-        per_output = self._report_scale / scale
-        penalized = [names.index(w) for w in self._penalized_weights(model)] if l2 else []
-
-        def loss_and_gradient(x: np.ndarray) -> tuple[float, np.ndarray]:
-            loss, *grads = sess.run(outputs, {**feeds, **unpack(x)})
-            gradient = np.concatenate([np.asarray(g, dtype=np.float64).ravel() for g in grads])
-            return float(loss) / scale, gradient / scale
-
-        def reported_loss(x: np.ndarray) -> float:
-            loss = float(sess.run(["loss"], {**feeds, **unpack(x)})[0])
-            parts = np.split(x, bounds)
-            pen = l2 * sum(float(np.sum(np.square(parts[k], dtype=np.float64))) for k in penalized)
-            return (loss - pen) / (scale * per_output) + pen / scale
-
-        x0 = np.concatenate([np.asarray(state[w], dtype=np.float64).ravel() for w in names])
+        objective = self._lbfgs_objective(trainer.get_state(), X, y_enc, sw, n_outputs)
         result = minimize(
-            loss_and_gradient,
-            x0,
+            objective.loss_and_gradient,
+            objective.x0,
             method="L-BFGS-B",
             jac=True,
             options={
@@ -271,11 +217,51 @@ class _OrtMLPBase(OrtEstimatorMixin):
                 "Solver produced non-finite parameter weights. The input data may contain large "
                 "values and need to be preprocessed."
             )
-        trainer.set_state(unpack(result.x))
+        trainer.set_state(objective.unpack(result.x))
         self._store_weights(trainer.get_state())
         self.n_iter_ = min(int(result.nit), int(self.max_iter))
-        self.loss_ = float(result.fun) if per_output == 1 else reported_loss(result.x)
+        self.loss_ = float(result.fun) if objective.per_output == 1 else objective.reported_loss(result.x)
         self._sessions = {}
+
+    def _lbfgs_objective(
+        self, state: dict[str, np.ndarray], X: Any, y_enc: np.ndarray, sw: np.ndarray | None, n_outputs: int
+    ) -> _FlatObjective:
+        """The whole set's loss and gradient as functions of the flat weight vector."""
+        model = self._raw_model
+        score, _, scale = self._loss(n_outputs)
+        names = self._trained_weights(model)
+        n = int(X.shape[0])
+        total_weight = float(n if sw is None else np.sum(sw, dtype=np.float64))
+        _, l2 = self._penalty(scale, total_weight)
+        penalty = {w: {"l2": l2} for w in self._penalized_weights(model)} if l2 else None
+        loss_model = add_loss_output(
+            model, score, weight_name="sample_weight", penalty=penalty, reduction="mean"
+        )
+        data_inputs = {i.name for i in model.graph.input}
+        labels = [i for i in loss_model.graph.input if i.name not in data_inputs and i.name not in names]
+        grad_model = onnx_derivative(
+            loss_model,
+            weights=names,
+            inputs=[],
+            options=DerivativeOptions.Loss,
+            loss="loss",
+            label=[i.name for i in labels],
+        )
+        # threads=None: onnxruntime's default pool, as before the setting
+        sess = inference_session(grad_model.SerializeToString(), parse_device(self.device), self.threads)
+        feeds: dict[str, Any] = {model.graph.input[0].name: dense_rows(X, slice(None)) if is_sparse(X) else X}
+        for vi in labels:
+            dtype = helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+            if vi.name == "sample_weight":
+                feeds[vi.name] = np.ones(n, dtype=dtype) if sw is None else sw.astype(dtype)
+                continue
+            rank = len(vi.type.tensor_type.shape.dim)
+            y = y_enc.reshape(n, -1) if rank == 2 else y_enc.reshape(n)
+            feeds[vi.name] = y.astype(dtype)
+        penalized = [names.index(w) for w in self._penalized_weights(model)] if l2 else []
+        return _FlatObjective(
+            sess, feeds, {w: state[w] for w in names}, scale, self._report_scale / scale, l2, penalized
+        )
 
     def _store_weights(self, weights: dict[str, np.ndarray]) -> None:
         names = layer_names(self._n_layers())
@@ -289,6 +275,49 @@ class _OrtMLPBase(OrtEstimatorMixin):
         else:
             multilabel = getattr(self, "_multilabel", False)
             self.out_activation_ = "logistic" if self.n_outputs_ == 1 or multilabel else "softmax"
+
+
+class _FlatObjective:
+    """L-BFGS's view of a loss graph's gradient session: the loss and gradient of the flat
+    weight vector, in scikit-learn's scale.
+
+    scikit-learn's gradient is that of the loss summed over the outputs, its reported value the
+    mean over rows and outputs plus the penalty: the same for one output. For several
+    (``per_output`` != 1), the optimiser gets the objective of the gradient (their pair is
+    inconsistent, and the line search stops early on it in float32) and ``loss_`` is reported
+    in scikit-learn's scale (:meth:`reported_loss`)."""
+
+    def __init__(
+        self,
+        sess: Any,
+        feeds: dict[str, Any],
+        start: dict[str, np.ndarray],
+        scale: float,
+        per_output: float,
+        l2: float,
+        penalized: list[int],
+    ) -> None:
+        self.sess, self.feeds, self.names = sess, feeds, list(start)
+        self.shapes = [start[w].shape for w in self.names]
+        self.bounds = np.cumsum([int(np.prod(shape)) for shape in self.shapes])[:-1]
+        self.outputs = ["loss", *(f"{w}_grad" for w in self.names)]
+        self.scale, self.per_output, self.l2, self.penalized = scale, per_output, l2, penalized
+        self.x0 = np.concatenate([np.asarray(start[w], dtype=np.float64).ravel() for w in self.names])
+
+    def unpack(self, x: np.ndarray) -> dict[str, np.ndarray]:
+        parts = np.split(x, self.bounds)
+        return {w: p.reshape(shape).astype(np.float32) for w, p, shape in zip(self.names, parts, self.shapes)}
+
+    def loss_and_gradient(self, x: np.ndarray) -> tuple[float, np.ndarray]:
+        loss, *grads = self.sess.run(self.outputs, {**self.feeds, **self.unpack(x)})
+        gradient = np.concatenate([np.asarray(g, dtype=np.float64).ravel() for g in grads])
+        return float(loss) / self.scale, gradient / self.scale
+
+    def reported_loss(self, x: np.ndarray) -> float:
+        loss = float(self.sess.run(["loss"], {**self.feeds, **self.unpack(x)})[0])
+        parts = np.split(x, self.bounds)
+        pen = self.l2 * sum(float(np.sum(np.square(parts[k], dtype=np.float64))) for k in self.penalized)
+        return (loss - pen) / (self.scale * self.per_output) + pen / self.scale
 
 
 @fill_doc(_MLP_ENTRIES)
@@ -344,6 +373,7 @@ class OrtMLPRegressor(OrtRegressorMixin, RegressorMixin, _OrtMLPBase):
         training: str = "full",
         checkpoint_dir: str | None = None,
         checkpoint_every: int = 1,
+        threads: int | None = None,
     ) -> None:
         self.loss = loss
         self.hidden_layer_sizes = hidden_layer_sizes
@@ -373,6 +403,7 @@ class OrtMLPRegressor(OrtRegressorMixin, RegressorMixin, _OrtMLPBase):
         self.training = training
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
+        self.threads = threads
 
     def _loss(self, n_outputs: int) -> tuple[str, str, float]:
         # scikit-learn backpropagates (p - y) per output: the gradient of sum_k (p - y)^2 / 2
@@ -441,6 +472,7 @@ class OrtMLPClassifier(OrtClassifierMixin, ClassifierMixin, _OrtMLPBase):
         training: str = "full",
         checkpoint_dir: str | None = None,
         checkpoint_every: int = 1,
+        threads: int | None = None,
     ) -> None:
         self.hidden_layer_sizes = hidden_layer_sizes
         self.activation = activation
@@ -469,6 +501,7 @@ class OrtMLPClassifier(OrtClassifierMixin, ClassifierMixin, _OrtMLPBase):
         self.training = training
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
+        self.threads = threads
 
     def _loss(self, n_outputs: int) -> tuple[str, str, float]:
         if getattr(self, "_multilabel", False):  # an indicator matrix: one binary loss per label

@@ -302,6 +302,9 @@ class OnnxModule(nn.Module):
     weights_to_train : sequence of str, optional
         The initializers to train, by ONNX name; by default every float initializer the
         outputs depend on through values with a gradient.
+    threads : int, optional
+        onnxruntime's intra-op threads of every session the module makes (forward/backward,
+        inference); None: onnxruntime's default pool.
 
     Attributes
     ----------
@@ -339,6 +342,7 @@ class OnnxModule(nn.Module):
             "_graphs",
             "_weight_values",
             "_output_reach",
+            "threads",
         }
     )
 
@@ -346,6 +350,7 @@ class OnnxModule(nn.Module):
         self,
         model_onnx: ModelProto | bytes | str | os.PathLike[str],
         weights_to_train: Sequence[str] | None = None,
+        threads: int | None = None,
     ) -> None:
         super().__init__()
         # the names in use: the class's attributes and methods (a subclass's too), and the
@@ -354,7 +359,8 @@ class OnnxModule(nn.Module):
         model = normalise_model(_load(model_onnx))
         # built on CPU with no input gradient: checks the graph and the weights now, not at the
         # first forward; it also serves that common case later
-        probe = OrtGradientForwardBackward(model, weights_to_train, device="cpu")
+        probe = OrtGradientForwardBackward(model, weights_to_train, device="cpu", threads=threads)
+        self.threads = probe.threads
         self._model = model
         self.input_names: list[str] = list(probe.input_names)
         self.output_names: list[str] = list(probe.output_names)
@@ -436,6 +442,7 @@ class OnnxModule(nn.Module):
                 list(self.onnx_names.values()),
                 device=key[0],
                 input_names_requiring_grad=list(requiring),
+                threads=self.threads,
             )
         return self._graphs[key]
 
