@@ -60,7 +60,7 @@ def test_a_fit_without_weights_steps_on_constant_ones_then_a_weighted_fit_goes_o
     assert trainer.validation_losses_[-1] == pytest.approx(val_loss, rel=1e-5)
     steps = trainer._graphs().steps
     assert steps
-    assert all(unit for (_, _, _, unit) in steps)
+    assert all(unit for (_, _, _, unit, _) in steps)
     for step in steps.values():
         assert "weight" not in [i.name for i in step.graph.graph.input]
 
@@ -69,13 +69,13 @@ def test_a_fit_without_weights_steps_on_constant_ones_then_a_weighted_fit_goes_o
     for name, value in expected.items():
         np.testing.assert_allclose(trainer.get_state()[name], value, rtol=1e-5, atol=1e-6)
     steps = trainer._graphs().steps
-    for (batch, device, lr, unit), step in steps.items():
+    for (batch, device, lr, unit, threads), step in steps.items():
         if not unit:  # the weighting of the loss folded out of the unweighted step
             muls = [n.op_type for n in step.graph.graph.node].count("Mul")
-            unit_graph = steps[batch, device, lr, True].graph
+            unit_graph = steps[batch, device, lr, True, threads].graph
             assert [n.op_type for n in unit_graph.graph.node].count("Mul") < muls
             assert "weight" in [i.name for i in step.graph.graph.input]
-    assert any(not unit for (_, _, _, unit) in steps)
+    assert any(not unit for (_, _, _, unit, _) in steps)
 
 
 def test_explicit_ones_and_no_weights_train_alike() -> None:
