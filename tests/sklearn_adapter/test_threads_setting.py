@@ -91,6 +91,23 @@ def test_invalid_threads_are_refused(bad: Any) -> None:
         OrtSGDRegressor(threads=bad).fit(X, y)
 
 
+def test_onnx_model_regressor_takes_threads() -> None:
+    from skl2onnx import to_onnx
+    from sklearn.linear_model import LinearRegression
+
+    from ort_train_sklearn import OnnxModelRegressor
+
+    X, y = _data(False)
+    fitted = to_onnx(LinearRegression().fit(X, y), X[:1].astype(np.float32))
+    est = OnnxModelRegressor(fitted, max_iter=2, batch_size=8, threads=2)
+    assert clone(est).get_params()["threads"] == 2
+    est._fit_X = X
+    est.fit(X, y)
+    assert _all_threads(est) == {2}
+    with pytest.raises(ValueError, match=r"The 'threads' parameter of OnnxModelRegressor must be"):
+        OnnxModelRegressor(fitted, threads=0).fit(X, y)
+
+
 def test_lbfgs_gradient_session_takes_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     from ort_train_sklearn import mlp
 
