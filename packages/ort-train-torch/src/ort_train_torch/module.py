@@ -366,12 +366,7 @@ class OnnxModule(nn.Module):
         self.output_names: list[str] = list(probe.output_names)
         weights = list(probe.weights_to_train)
         if not weights and weights_to_train is None:
-            # a graph whose coefficients sit in attributes (ai.onnx.ml's LinearClassifier) would
-            # give a module with nothing to train and outputs without a gradient: say why now
-            for out in self.output_names:
-                error = nothing_to_train_error(model, out)
-                if isinstance(error, GraphNotDifferentiableError):
-                    raise GraphNotDifferentiableError(f"OnnxModule: no parameter to train; {error}")
+            _check_something_to_train(model, self.output_names)
         graph_inputs = {i.name: i for i in model.graph.input}
         self._input_dtypes = [
             _TORCH_DTYPES.get(graph_inputs[n].type.tensor_type.elem_type) for n in self.input_names
@@ -645,6 +640,16 @@ class OnnxModule(nn.Module):
             The ``.onnx`` file to write.
         """
         onnx.save(self.to_onnx(), os.fspath(path))
+
+
+def _check_something_to_train(model: ModelProto, outputs: Sequence[str]) -> None:
+    """Raises GraphNotDifferentiableError, saying why, when the default weights of ``model`` are
+    none because no output has a gradient: a graph whose coefficients sit in attributes
+    (ai.onnx.ml's LinearClassifier) would give a module with nothing to train."""
+    for out in outputs:
+        error = nothing_to_train_error(model, out)
+        if isinstance(error, GraphNotDifferentiableError):
+            raise GraphNotDifferentiableError(f"OnnxModule: no parameter to train; {error}")
 
 
 def _output_reach(
