@@ -1,5 +1,7 @@
-"""Issue 17: the zoo architectures, exported by both torch exporters, trained by every route and
-compared with the same plain-SGD steps in torch.
+"""Issues 17 and 26: the zoo architectures, exported by both torch exporters (GPT-2: TorchScript
+only), trained by every route and compared with the same plain-SGD steps in torch. Per-position
+labels (segmentation, GPT-2's next tokens) skip the scikit-learn route, whose classifiers take one
+label per row.
 
 For each (architecture, exporter, route) and each scope (``all`` weights, or ``head``: the last
 Linear only, a frozen backbone), on the same batches in the same order (``shuffle=False``):
@@ -17,7 +19,8 @@ without those biases, with the merged parameters tied. Dropout: every compared n
 (dropout draws different masks in torch and onnxruntime); ``test_trains_with_dropout`` trains a
 graph with p>0 and checks only that its loss goes down.
 
-Pairs that fail today are marked ``xfail(strict=True)`` with the item of issue 17 that fixes them.
+Pairs that fail today are marked ``xfail(strict=True)`` with the item of issue 17 that fixes them;
+issue 26's cases that wait for a fix are left out, listed in :data:`PENDING` with the reason.
 """
 
 from __future__ import annotations
@@ -72,9 +75,13 @@ SCOPES = ("all", "head")
 
 @functools.cache
 def _exported(name: str, exporter: str) -> tuple[nn.Module, bytes]:
-    net = zm.build(name)
+    p = zm.ALL_CASES[name].export_dropout
+    net = zm.build(name, dropout=p)
     inputs, _ = zm.data(name, N_ROWS)
-    return net, zm.export(net, inputs, exporter).SerializeToString()
+    model = zm.export(net, inputs, exporter)
+    if p:  # Dropout nodes exported, then made the identity in both (zoo_models.zero_dropout)
+        zm.zero_dropout(net, model)
+    return net, model.SerializeToString()
 
 
 def exported(name: str, exporter: str) -> tuple[nn.Module, onnx.ModelProto]:
@@ -85,7 +92,7 @@ def exported(name: str, exporter: str) -> tuple[nn.Module, onnx.ModelProto]:
 
 def training_data(name: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
     inputs, y = zm.data(name, N_ROWS)
-    if zm.ZOO[name].task == "classification":
+    if zm.ALL_CASES[name].task == "classification":
         y[: zm.N_CLASSES] = np.arange(zm.N_CLASSES)  # every class present (the sklearn route infers them)
     return inputs, y
 
@@ -105,9 +112,9 @@ def batches(batch: int = BATCH, epochs: int = EPOCHS) -> list[slice]:
 
 
 def torch_loss(task: str, out: Any, y: Any) -> Any:
-    """The core trainers' losses: means over the rows of cross-entropy on logits, or of the
-    squared error summed over the output columns."""
-    if task == "classification":
+    """The core trainers' losses: means over the rows of cross-entropy on logits (over every
+    position for per-position labels), or of the squared error summed over the output columns."""
+    if task != "regression":
         return F.cross_entropy(out, y)
     return ((out - y) ** 2).sum(dim=1).mean()
 
@@ -122,9 +129,13 @@ def torch_steps(
 ) -> list[float]:
     """Plain SGD on ``net`` (in place) over :func:`batches`; ``trained``: the torch parameter
     names to train (None: all). Returns the loss of each step."""
-    params = [p for n, p in net.named_parameters() if trained is None or n in trained]
-    for n, p in net.named_parameters():
-        p.requires_grad_(trained is None or n in trained)
+    # by every name of a tied parameter (GPT-2's output projection is its token embedding)
+    chosen = {
+        id(p) for n, p in net.named_parameters(remove_duplicate=False) if trained is None or n in trained
+    }
+    params = [p for p in net.parameters() if id(p) in chosen]
+    for p in net.parameters():
+        p.requires_grad_(id(p) in chosen)
     opt = torch.optim.SGD(params, lr=LR)
     tensors = [torch.from_numpy(v) for v in inputs.values()]
     target = torch.from_numpy(y)
@@ -132,7 +143,7 @@ def torch_steps(
     net.train()
     for batch in steps:
         opt.zero_grad()
-        loss = torch_loss(zm.ZOO[name].task, net(*[t[batch] for t in tensors]), target[batch])
+        loss = torch_loss(zm.ALL_CASES[name].task, net(*[t[batch] for t in tensors]), target[batch])
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))
@@ -175,7 +186,7 @@ def run_full(
     name: str, model: onnx.ModelProto, weights: list[str] | None, epochs: int = EPOCHS
 ) -> tuple[list[float], onnx.ModelProto]:
     inputs, y = training_data(name)
-    score = "cross_entropy" if zm.ZOO[name].task == "classification" else "squared_error"
+    score = "squared_error" if zm.ALL_CASES[name].task == "regression" else "cross_entropy"
     record = StepLosses()
     trainer = OrtGradientOptimizer(
         add_loss_output(model, score_name=score), **_core_options(weights, record, epochs)
@@ -188,7 +199,7 @@ def run_partial(
     name: str, model: onnx.ModelProto, weights: list[str] | None, epochs: int = EPOCHS
 ) -> tuple[list[float], onnx.ModelProto]:
     inputs, y = training_data(name)
-    loss = "cross_entropy" if zm.ZOO[name].task == "classification" else "square_error"
+    loss = "square_error" if zm.ALL_CASES[name].task == "regression" else "cross_entropy"
     record = StepLosses()
     trainer = OrtGradientForwardBackwardOptimizer(
         model, learning_loss=loss, **_core_options(weights, record, epochs)
@@ -218,7 +229,7 @@ def run_sklearn(
     from ort_train_sklearn import OnnxModelClassifier, OnnxModelRegressor
 
     inputs, y = training_data(name)
-    classifier = zm.ZOO[name].task == "classification"
+    classifier = zm.ALL_CASES[name].task == "classification"
     estimator = (OnnxModelClassifier if classifier else OnnxModelRegressor)(
         model,
         weights_to_train=weights,
@@ -255,14 +266,54 @@ def _xfail(reasons: list[str]) -> list[Any]:
     return [pytest.mark.xfail(strict=True, reason="issue 17 " + "; ".join(reasons))] if reasons else []
 
 
+_GROUPED_CONV = (
+    "issue 26 item 1: depthwise Conv gets wrong gradients from onnxruntime-training (the TCN's "
+    "full loop too: the input gradient of its second depthwise Conv)"
+)
+_NORM_CONSTANTS = (
+    "the dynamo export's InstanceNormalization scale and bias (ones and zeros of [groups], folded "
+    "from the exporter's own constants) are trained as parameters: 3.6e-4 from torch; 1.1e-7 "
+    "when they are left out of weights_to_train"
+)
+_FROZEN_BILSTM = (
+    "issue 26 item 13: a bidirectional LSTM left out of weights_to_train still reaches "
+    "LSTMGrad ('only supports the forward direction') on the forward/backward routes"
+)
+_DROPOUT_MASK = "issue 26 item 15: dynamo's one-output Dropout fails the gradient builder ('was false.')"
+
+#: issue 26: the tests that do not pass yet, by test and pytest id, with what they wait for. They
+#: are left out of the suite (not xfailed) until the fix lands: delete an entry to run its test.
+PENDING: dict[str, str] = {
+    # the partial loop happens to match on this graph today, but item 1 names it as wrong
+    **{f"trains_like_torch[tcn-{e}-{r}-all]": _GROUPED_CONV for e in zm.EXPORTERS for r in ROUTES},
+    **{f"trains_like_torch[groupnorm_cnn-dynamo-{r}-all]": _NORM_CONSTANTS for r in ROUTES},
+    **{
+        f"trains_like_torch[bilstm-{e}-{r}-head]": _FROZEN_BILSTM
+        for e in zm.EXPORTERS
+        for r in ("partial", "module")
+    },
+    **{f"trains_like_torch[dropout_mlp-dynamo-{r}-all]": _DROPOUT_MASK for r in ("full", "sklearn")},
+    **{f"trains_with_dropout[dropout_mlp-dynamo-{r}]": _DROPOUT_MASK for r in ROUTES},
+    "inspect_reports_trainable[dropout_mlp-dynamo]": _DROPOUT_MASK,
+}
+
+
+def routes(name: str) -> tuple[str, ...]:
+    """The routes of an architecture: scikit-learn's classifiers take one label per row, so
+    per-position labels (segmentation, language models) skip the scikit-learn route."""
+    return tuple(r for r in ROUTES if r != "sklearn" or zm.ALL_CASES[name].task != "per_position")
+
+
 def _cases() -> list[Any]:
     out = []
-    for name in zm.ZOO:
-        for exporter in zm.EXPORTERS:
-            for route in ROUTES:
+    for name, case in zm.ALL_CASES.items():
+        for exporter in case.exporters:
+            for route in routes(name):
                 for scope in SCOPES:
                     reasons = known_failures(name, exporter, route, scope)
                     case_id = f"{name}-{exporter}-{route}-{scope}"
+                    if f"trains_like_torch[{case_id}]" in PENDING:
+                        continue
                     out.append(pytest.param(name, exporter, route, scope, marks=_xfail(reasons), id=case_id))
     return out
 
@@ -303,17 +354,24 @@ def _check_running_statistics(trained: onnx.ModelProto, reference: nn.Module) ->
         np.testing.assert_allclose(values[tname], expected, rtol=0, atol=STATS_ATOL, err_msg=tname)
 
 
+def expects_export_warning(name: str, exporter: str) -> bool:
+    """Whether the trainers' ExportedGraphWarning is expected: on every dynamo export (what that
+    exporter changed, issue 17 item 8), and on issue 26's networks whatever the exporter: they
+    hold what the warning names on purpose (GPT-2's tied embedding, the MLP's shared layer) or
+    Conv without BatchNorm (GroupNorm, TCN, segmentation: nothing was folded)."""
+    return exporter == "dynamo" or name in zm.ZOO_ROUND2
+
+
 @pytest.mark.parametrize(("name", "exporter", "route", "scope"), _cases())
 def test_trains_like_torch(name: str, exporter: str, route: str, scope: str) -> None:
     net, model = exported(name, exporter)
     reference = zm.as_exported(net, model)  # the network as exported (the module's docstring)
     weights = zm.head_initializers(name, net, model) if scope == "head" else None
-    head = zm.ZOO[name].head
+    head = zm.ALL_CASES[name].head
     trained_names = None if scope == "all" else [f"{head}.weight", f"{head}.bias"]
 
     with warnings.catch_warnings():
-        if exporter == "dynamo" and EXPORTED_GRAPH_WARNING is not None:
-            # the trainers warn about what that exporter changed (item 8): expected here
+        if expects_export_warning(name, exporter) and EXPORTED_GRAPH_WARNING is not None:
             warnings.simplefilter("ignore", category=EXPORTED_GRAPH_WARNING)
         losses, trained = RUNNERS[route](name, model, weights)
 
@@ -333,8 +391,10 @@ def test_trains_like_torch(name: str, exporter: str, route: str, scope: str) -> 
 
 def _inspect_cases() -> list[Any]:
     out = []
-    for name in zm.ZOO:
-        for exporter in zm.EXPORTERS:
+    for name, case in zm.ALL_CASES.items():
+        for exporter in case.exporters:
+            if f"inspect_reports_trainable[{name}-{exporter}]" in PENDING:
+                continue
             out.append(pytest.param(name, exporter, id=f"{name}-{exporter}"))
     return out
 
@@ -352,25 +412,40 @@ def test_inspect_reports_trainable(name: str, exporter: str, tmp_path: Any) -> N
     assert "gradient graph: yes" in out.getvalue(), out.getvalue()
 
 
+#: the networks trained with real dropout (p=0.5): the zoo's Conv1d net exported by TorchScript,
+#: and the shared-layer MLP exported by dynamo (one-output Dropout nodes, issue 26 item 15)
+DROPOUT_NETWORKS = (("conv1d", "torchscript"), ("dropout_mlp", "dynamo"))
+
+
 def _dropout_cases() -> list[Any]:
     out = []
-    for route in ROUTES:
-        # the running statistics (item 3) are not checked here
-        reasons = [
-            r for r in known_failures("conv1d", "torchscript", route, "all") if not r.startswith("item 3")
-        ]
-        out.append(pytest.param(route, marks=_xfail(reasons), id=route))
+    for name, exporter in DROPOUT_NETWORKS:
+        for route in ROUTES:
+            if f"trains_with_dropout[{name}-{exporter}-{route}]" in PENDING:
+                continue
+            # the running statistics (item 3) are not checked here
+            reasons = [r for r in known_failures(name, exporter, route, "all") if not r.startswith("item 3")]
+            out.append(
+                pytest.param(name, exporter, route, marks=_xfail(reasons), id=f"{name}-{exporter}-{route}")
+            )
     return out
 
 
-@pytest.mark.parametrize("route", _dropout_cases())
-def test_trains_with_dropout(route: str) -> None:
-    """Conv1d+BatchNorm+Dropout(p=0.5), TorchScript export in training mode: dropout is random
-    in training, so only the trend is checked: finite losses, the last ones lower."""
-    net = zm.build("conv1d", dropout=0.5)
-    inputs, _ = training_data("conv1d")
-    model = zm.export(net, inputs, "torchscript")
-    losses, trained = RUNNERS[route]("conv1d", model, None, 20)
+@pytest.mark.parametrize(("name", "exporter", "route"), _dropout_cases())
+def test_trains_with_dropout(name: str, exporter: str, route: str) -> None:
+    """Dropout(p=0.5) exported in training mode: dropout is random in training, so only the
+    trend is checked: finite losses, the last ones lower; the deployed graph predicts without
+    dropout (the same outputs on two runs)."""
+    net = zm.build(name, dropout=0.5)
+    inputs, _ = training_data(name)
+    model = zm.export(net, inputs, exporter)
+    assert any(node.op_type == "Dropout" for node in model.graph.node)
+    with warnings.catch_warnings():
+        if expects_export_warning(name, exporter) and EXPORTED_GRAPH_WARNING is not None:
+            warnings.simplefilter("ignore", category=EXPORTED_GRAPH_WARNING)
+        losses, trained = RUNNERS[route](name, model, None, 20)
     assert np.isfinite(losses).all()
     assert np.mean(losses[-3:]) < np.mean(losses[:3]), losses
-    assert np.isfinite(_session_outputs(trained, inputs)).all()
+    first = _session_outputs(trained, inputs)
+    assert np.isfinite(first).all()
+    np.testing.assert_array_equal(_session_outputs(trained, inputs), first)

@@ -1,14 +1,17 @@
-"""The model zoo of issue 17: seven architectures people export from torch, written here at tiny
-sizes (seconds per model), their example data, both torch exporters, and the map from torch
-parameter names to the ONNX initializers that hold them.
+"""The model zoo: the seven architectures of issue 17 (:data:`ZOO`) and the six of issue 26
+(:data:`ZOO_ROUND2`: GroupNorm CNN, dilated depthwise TCN, BiLSTM, segmentation head, shared-layer
+MLP with Dropout, GPT-2) that people export from torch, written here at tiny sizes (seconds per
+model), their example data, both torch exporters, and the map from torch parameter names to the
+ONNX initializers that hold them.
 
 A module of its own (not conftest.py), imported by name like ``tests/core/core_models.py``.
 
 Dropout and comparisons with torch: dropout draws different masks in torch and in onnxruntime, so
 the per-step comparisons build every model with ``dropout=0.0`` (torch's Dropout is then the
-identity, and the exported Dropout node has ratio 0, also the identity in onnxruntime). One test
-trains a graph exported with ``dropout > 0`` and checks only that it trains (finite, decreasing
-loss).
+identity, and the exported Dropout node has ratio 0, also the identity in onnxruntime). The
+dynamo exporter writes no Dropout node for p=0: its Dropout case is exported with p=0.5 and then
+set to ratio 0 in the graph and p=0 in torch (:func:`zero_dropout`). Tests train graphs exported
+with ``dropout > 0`` and check only that they train (finite, decreasing loss).
 """
 
 from __future__ import annotations
@@ -228,6 +231,145 @@ class Conv1dNet(nn.Module):
         return self.head(torch.flatten(self.pool(self.relu(self.conv2(x))), 1))
 
 
+# issue 26: the architectures users brought (UNet left out: Resize and ConvTranspose have no
+# gradient kernel in onnxruntime-training 1.19.2)
+
+
+class GroupNormCNN(nn.Module):
+    """A BatchNorm-free CNN: two conv-GroupNorm-ReLU blocks (2 and 4 groups), pool, Linear.
+
+    Both exporters write GroupNorm as InstanceNormalization over the groups, then the affine
+    weight and bias as Mul and Add. The GroupNorm weights get values of their own (as a trained
+    network has): freshly initialised ones and zeros are equal across the two layers, and the
+    dynamo exporter would merge them into one reshaped initializer that training ties.
+    """
+
+    def __init__(self, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.gn1 = nn.GroupNorm(2, 8)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.gn2 = nn.GroupNorm(4, 8)
+        self.relu = nn.ReLU()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(8, N_CLASSES)
+        with torch.no_grad():
+            for gn in (self.gn1, self.gn2):
+                gn.weight.uniform_(0.5, 1.5)
+                gn.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.relu(self.gn1(self.conv1(x)))
+        x = self.relu(self.gn2(self.conv2(x)))
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+class DepthwiseTCN(nn.Module):
+    """A temporal convolutional network on ``[N, C, T]`` signals: a 1x1 input conv, two residual
+    blocks of depthwise Conv1d (``groups=channels``, ``padding='same'``, dilation 2 then 4) and
+    pointwise Conv1d with ReLU, mean over time, Linear to one value.
+
+    The TorchScript exporter writes ``padding='same'`` as ``auto_pad=SAME_UPPER`` with the
+    dilations (issue 26, item 14), the dynamo exporter as explicit pads.
+    """
+
+    def __init__(self, dropout: float = 0.0, channels: int = 8) -> None:
+        super().__init__()
+        self.inp = nn.Conv1d(4, channels, 1)
+        self.depthwise1 = nn.Conv1d(channels, channels, 3, padding="same", dilation=2, groups=channels)
+        self.pointwise1 = nn.Conv1d(channels, channels, 1)
+        self.depthwise2 = nn.Conv1d(channels, channels, 3, padding="same", dilation=4, groups=channels)
+        self.pointwise2 = nn.Conv1d(channels, channels, 1)
+        self.relu = nn.ReLU()
+        self.head = nn.Linear(channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        x = x + self.relu(self.pointwise1(self.depthwise1(x)))
+        x = x + self.relu(self.pointwise2(self.depthwise2(x)))
+        return self.head(x.mean(dim=2))
+
+
+class BiLSTMClassifier(nn.Module):
+    """A bidirectional LSTM (batch_first) on ``[N, T, F]`` sequences, both directions' outputs
+    averaged over time, Linear to the class logits."""
+
+    def __init__(self, dropout: float = 0.0, n_features: int = 4, hidden: int = 8) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(n_features, hidden, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(2 * hidden, N_CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.rnn(x)
+        return self.head(out.mean(dim=1))
+
+
+class SegmentationHead(nn.Module):
+    """A fully convolutional segmentation net: conv3x3-ReLU, a dilated conv3x3-ReLU, a 1x1 conv
+    to the class logits ``[N, C, H, W]`` (one class per pixel, no upsampling)."""
+
+    def __init__(self, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=2, dilation=2)
+        self.relu = nn.ReLU()
+        self.classifier = nn.Conv2d(8, N_CLASSES, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.relu(self.conv2(self.relu(self.conv1(x)))))
+
+
+class SharedDropoutMLP(nn.Module):
+    """An MLP on ``[N, F]`` rows whose hidden Linear is applied twice (a shared layer), Tanh and
+    Dropout after each layer, Linear to the class logits."""
+
+    def __init__(self, dropout: float = 0.0, n_features: int = 4, hidden: int = 16) -> None:
+        super().__init__()
+        self.inp = nn.Linear(n_features, hidden)
+        self.shared = nn.Linear(hidden, hidden)
+        self.act = nn.Tanh()
+        self.dropout = nn.Dropout(dropout)
+        self.head = nn.Linear(hidden, N_CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.dropout(self.act(self.inp(x)))
+        h = self.dropout(self.act(self.shared(h)))
+        h = self.dropout(self.act(self.shared(h)))
+        return self.head(h)
+
+
+GPT2_VOCAB = 64
+GPT2_LENGTH = 8
+
+
+class TinyGPT2(nn.Module):
+    """A random-initialised GPT-2 language model from ``transformers`` (2 layers, 32 wide,
+    2 heads, 64 tokens, the output projection tied to the token embedding); input token ids
+    ``[N, T]``, output the next-token logits with the class axis second, ``[N, vocab, T]``
+    (torch's ``cross_entropy`` layout for per-position labels)."""
+
+    def __init__(self, dropout: float = 0.0) -> None:
+        super().__init__()
+        assert transformers is not None
+        config = transformers.GPT2Config(
+            vocab_size=GPT2_VOCAB,
+            n_positions=16,
+            n_embd=32,
+            n_layer=2,
+            n_head=2,
+            resid_pdrop=dropout,
+            embd_pdrop=dropout,
+            attn_pdrop=dropout,
+            bos_token_id=GPT2_VOCAB - 1,
+            eos_token_id=GPT2_VOCAB - 1,
+        )
+        config._attn_implementation = "eager"  # MatMul/Softmax, as TinyBert
+        self.gpt = transformers.GPT2LMHeadModel(config)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.gpt(input_ids=ids).logits.transpose(1, 2)
+
+
 # --------------------------------------------------------------------------------------------
 # the zoo
 
@@ -245,12 +387,25 @@ class ZooCase:
     inputs : callable
         ``inputs(n, rng) -> dict`` of numpy arrays, by graph input name, in the forward's order.
     task : str
-        ``'classification'`` (logits of :data:`N_CLASSES` classes, int64 labels, cross-entropy)
-        or ``'regression'`` (one float32 value per row, squared error).
+        ``'classification'`` (logits of ``n_classes`` classes, int64 labels, cross-entropy),
+        ``'regression'`` (one float32 value per row, squared error) or ``'per_position'``
+        (logits ``[N, n_classes, d1, ...]``, int64 labels ``[N, d1, ...]`` of shape
+        ``(N, *label_shape)``, torch's ``cross_entropy`` with the class axis 1, mean over every
+        position: segmentation, language models).
     head : str
-        The dotted torch name of the last Linear (head-only fine-tuning trains its weight and bias).
+        The dotted torch name of the last layer (head-only fine-tuning trains its weight and bias).
     has_batchnorm : bool
         Whether the network holds BatchNorm layers (running statistics to compare).
+    n_classes : int
+        The number of classes of a classifier.
+    label_shape : tuple of int
+        A ``'per_position'`` label's shape after the batch axis.
+    exporters : tuple of str
+        The exporters whose graphs train like torch (see :data:`ZOO_ROUND2` for the ones left out).
+    export_dropout : float
+        Dropout probability of the exported network. Above 0 (the dynamo exporter writes no
+        Dropout node for p=0), the comparisons set it to 0 again in torch and in the graph
+        (:func:`zero_dropout`): the Dropout nodes stay, in training mode, as the identity.
     """
 
     name: str
@@ -259,6 +414,10 @@ class ZooCase:
     task: str
     head: str
     has_batchnorm: bool = False
+    n_classes: int = N_CLASSES
+    label_shape: tuple[int, ...] = ()
+    exporters: tuple[str, ...] = ("torchscript", "dynamo")
+    export_dropout: float = 0.0
 
 
 def _images(n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -298,30 +457,86 @@ ZOO: dict[str, ZooCase] = {
     )
 }
 
+
+def _rows(n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return {"X": rng.standard_normal((n, 4)).astype(np.float32)}
+
+
+def _gpt2_ids(n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return {"ids": rng.integers(0, GPT2_VOCAB, size=(n, GPT2_LENGTH)).astype(np.int64)}
+
+
+#: issue 26: the architectures users brought, UNet left out. GPT-2 with the TorchScript exporter
+#: only: the dynamo exporter writes the tied output weight as a pre-transposed copy and the
+#: position embedding as a pre-sliced copy, which train apart from the originals (issue 26,
+#: item 2). Head-only fine-tuning of GPT-2 trains its output projection, tied to the token
+#: embedding: both uses of the one tensor, in torch as in the graph.
+ZOO_ROUND2: dict[str, ZooCase] = {
+    case.name: case
+    for case in (
+        ZooCase("groupnorm_cnn", GroupNormCNN, _images, "classification", "fc"),
+        ZooCase("tcn", DepthwiseTCN, _signals, "regression", "head"),
+        ZooCase("bilstm", BiLSTMClassifier, _sequences, "classification", "head"),
+        ZooCase("segmentation", SegmentationHead, _images, "per_position", "classifier", label_shape=(8, 8)),
+        ZooCase("dropout_mlp", SharedDropoutMLP, _rows, "classification", "head", export_dropout=0.5),
+        ZooCase(
+            "gpt2",
+            TinyGPT2,
+            _gpt2_ids,
+            "per_position",
+            "gpt.lm_head",
+            n_classes=GPT2_VOCAB,
+            label_shape=(GPT2_LENGTH,),
+            exporters=("torchscript",),
+        ),
+    )
+}
+
+#: every architecture by name (the benchmarks run :data:`ZOO`)
+ALL_CASES: dict[str, ZooCase] = {**ZOO, **ZOO_ROUND2}
+
 EXPORTERS = ("torchscript", "dynamo")
 
 
 def build(name: str, dropout: float = 0.0, seed: int = SEED) -> nn.Module:
     """The architecture ``name`` with torch's default initialisation under ``seed``, in training
     mode. Raises ``pytest.skip`` where it needs ``transformers`` and that is not installed."""
-    if name == "bert" and transformers is None:
+    if name in ("bert", "gpt2") and transformers is None:
         import pytest
 
-        pytest.skip("the BERT case needs `transformers` (pip install transformers)")
+        pytest.skip(f"the {name!r} case needs `transformers` (pip install transformers)")
     torch.manual_seed(seed)
-    net = ZOO[name].make(dropout)
+    net = ALL_CASES[name].make(dropout)
     return net.train()
 
 
 def data(name: str, n: int, seed: int = SEED) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """``n`` rows of inputs (dict by input name) and targets: int64 labels for classifiers,
-    float32 ``[n, 1]`` for regressors."""
+    """``n`` rows of inputs (dict by input name) and targets: int64 labels for classifiers
+    (``[n]``, or ``[n, *label_shape]`` per position), float32 ``[n, 1]`` for regressors.
+    GPT-2's labels are random tokens: on random ids, the next tokens are random too."""
     rng = np.random.default_rng(seed)
-    case = ZOO[name]
+    case = ALL_CASES[name]
     inputs = case.inputs(n, rng)
-    if case.task == "classification":
-        return inputs, rng.integers(0, N_CLASSES, size=n).astype(np.int64)
+    if case.task != "regression":
+        return inputs, rng.integers(0, case.n_classes, size=(n, *case.label_shape)).astype(np.int64)
     return inputs, rng.standard_normal((n, 1)).astype(np.float32)
+
+
+def zero_dropout(net: nn.Module, model: onnx.ModelProto) -> None:
+    """Sets every Dropout of ``net`` to p=0 and the ratio of every Dropout node of ``model`` to 0
+    (in place): both become the identity, in training mode too, so that steps compare with
+    torch's (dropout draws different masks in torch and in onnxruntime)."""
+    for module in net.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+    ratios = {node.input[1] for node in model.graph.node if node.op_type == "Dropout" and len(node.input) > 1}
+    for init in model.graph.initializer:
+        if init.name in ratios:
+            init.CopyFrom(numpy_helper.from_array(np.zeros_like(numpy_helper.to_array(init)), init.name))
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.output[0] in ratios:
+            value = numpy_helper.to_array(node.attribute[0].t)
+            node.attribute[0].t.CopyFrom(numpy_helper.from_array(np.zeros_like(value), node.output[0]))
 
 
 # --------------------------------------------------------------------------------------------
@@ -511,7 +726,7 @@ def parameter_map(net: nn.Module, model: onnx.ModelProto) -> ParameterMap:
 def head_initializers(name: str, net: nn.Module, model: onnx.ModelProto) -> list[str]:
     """The ONNX initializers of the last Linear's weight and bias (head-only fine-tuning)."""
     mapping = parameter_map(net, model)
-    head = ZOO[name].head
+    head = ALL_CASES[name].head
     if f"{head}.weight" not in mapping.names:
         raise LookupError(f"the head {head!r} of {name!r} has no initializer of its own: {mapping}")
     # a zero bias the dynamo exporter dropped is not in the graph (nor in the torch copy)
