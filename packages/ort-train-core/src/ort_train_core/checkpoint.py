@@ -646,7 +646,7 @@ def resume_record(
     batch_size: int,
     shuffle: bool,
     random_state: Any,
-    data: Sequence[np.ndarray | None],
+    data: Sequence[np.ndarray | None] | None,
     validation: Sequence[np.ndarray | None] | None,
 ) -> dict[str, Any]:
     """What decides the weights a fit ends at besides the model and the learning rate: the
@@ -661,8 +661,9 @@ def resume_record(
         The trainer's ``shuffle``.
     random_state : int, numpy.random.Generator, SeedSequence or None
         The trainer's ``random_state``.
-    data : sequence of numpy.ndarray or None
-        X, y and sample weights as the fit trains on them (validated and cast).
+    data : sequence of numpy.ndarray or None, or None
+        X, y and sample weights as the fit trains on them (validated and cast); None: the data
+        are not fingerprinted (a fit without checkpoints), and neither data key is recorded.
     validation : sequence of numpy.ndarray or None, or None
         The validation arrays likewise, None without validation data.
 
@@ -672,13 +673,15 @@ def resume_record(
         JSON values by key: ``batch_size``, ``shuffle``, ``random_state``, ``data``,
         ``validation_data``.
     """
-    return {
+    record = {
         "batch_size": int(batch_size),
         "shuffle": bool(shuffle),
         "random_state": _seed_record(random_state),
-        "data": data_fingerprint(data),
-        "validation_data": None if validation is None else data_fingerprint(validation),
     }
+    if data is not None:
+        record["data"] = data_fingerprint(data)
+        record["validation_data"] = None if validation is None else data_fingerprint(validation)
+    return record
 
 
 def _seed_record(random_state: Any) -> int | str | None:
