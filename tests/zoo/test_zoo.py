@@ -449,3 +449,16 @@ def test_trains_with_dropout(name: str, exporter: str, route: str) -> None:
     first = _session_outputs(trained, inputs)
     assert np.isfinite(first).all()
     np.testing.assert_array_equal(_session_outputs(trained, inputs), first)
+
+
+def test_gpt2_torchscript_keeps_the_tie() -> None:
+    """GPT-2's output projection is its token embedding (one tensor in torch); the TorchScript
+    export with ``do_constant_folding=False`` keeps it one initializer, read by the embedding's
+    Gather and by the output projection, so every route trains the two uses as one (the dynamo
+    exporter writes a transposed copy instead: issue 26, item 2)."""
+    net, model = exported("gpt2", "torchscript")
+    assert net.gpt.lm_head.weight is net.gpt.transformer.wte.weight
+    shared = zm.parameter_map(net, model).shared()
+    assert shared == {"gpt.transformer.wte.weight": ["gpt.transformer.wte.weight", "gpt.lm_head.weight"]}
+    readers = [n.op_type for n in model.graph.node if "gpt.transformer.wte.weight" in n.input]
+    assert sorted(readers) == ["Gather", "Transpose"], readers
