@@ -1024,3 +1024,10 @@ def assert_gradients(
         np.testing.assert_allclose(
             got, ref, rtol=RTOL, atol=atol, err_msg=f"{case.name} ({route}): gradient of {name}\n{case.model}"
         )
+
+
+# issue 26 items 12 and 13: InstanceNormalization, LSTM and GRU (rewritten before differentiation)
+from gradient_catalogue_norm_rnn import NORM_RNN_CATALOGUE, NORM_RNN_FORMS  # noqa: E402
+
+CATALOGUE.update(NORM_RNN_CATALOGUE)
+PINNED_FORMS.update(NORM_RNN_FORMS)

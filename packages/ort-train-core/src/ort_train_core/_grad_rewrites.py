@@ -48,6 +48,11 @@ listed here:
   inference mode (an eval-mode export) is rewritten the same way, as the module graph builder
   does: a BatchNormalization is trained as torch's BatchNorm, with batch statistics.
 
+* ``InstanceNormalization``/``GroupNormalization`` (no gradient), and ``LSTM``/``GRU`` (the
+  training build's gradients are forward-only, ``layout=0``, and read the optional inputs by
+  position): written with primitives, and as one forward node per direction with every
+  optional input (``_grad_rewrites_norm_rnn``).
+
 Operators onnxruntime has no gradient for at all (CumSum, Softplus, GlobalMaxPool, ReduceMax,
 ...) are refused by the gradient builders with the operator's name and the fix.
 
@@ -66,6 +71,7 @@ import onnx
 from onnx import ModelProto, helper, numpy_helper
 
 from ._builder import NodeBuilder
+from ._grad_rewrites_norm_rnn import group_norm, instance_norm, recurrent
 from .exceptions import GraphNotDifferentiableError
 from .graph import all_names, ancestors, cut_frozen_control_flow, infer_without_data
 
@@ -407,6 +413,10 @@ _REWRITERS: dict[str, Rewriter] = {
     "AveragePool": _average_pool,
     "Pow": _pow,
     "Where": _where,
+    "InstanceNormalization": instance_norm,
+    "GroupNormalization": group_norm,
+    "LSTM": recurrent,
+    "GRU": recurrent,
 }
 
 
