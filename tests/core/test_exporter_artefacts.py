@@ -252,6 +252,35 @@ def test_gpt2_tied_output_weight_and_zero_biases_warn(gpt2: tuple[onnx.ModelProt
     assert f"torch parameters {dropped_parameters(model)} appear dropped" in messages[0]
 
 
+def test_gpt2_default_weights_are_torch_parameters_and_their_copies(
+    gpt2: tuple[onnx.ModelProto, Any],
+) -> None:
+    """dynamo folds the causal attention mask into a float [2, 1, 8, 8] initializer: it was a
+    default weight, so every route trained the mask. The defaults are now exactly the tensors
+    numpy finds equal to a torch parameter, its transpose or its leading rows."""
+    model, lm = gpt2
+    params = [p.detach().numpy() for p in lm.parameters()]
+
+    def from_torch(v: np.ndarray) -> bool:
+        for p in params:
+            if v.shape == p.shape and np.array_equal(v, p):
+                return True
+            if v.shape == p.T.shape and np.array_equal(v, p.T):
+                return True
+            rows = v.reshape(-1, *p.shape[1:]) if p.ndim and v.size % max(1, p[0].size) == 0 else None
+            if rows is not None and len(rows) < len(p) and np.array_equal(rows, p[: len(rows)]):
+                return True
+        return False
+
+    values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer if i.data_type == 1}
+    expected = {n for n, v in values.items() if v.ndim and from_torch(v)}
+    weights = set(default_weights_to_train(model, [o.name for o in model.graph.output]))
+    assert weights == expected
+    masks = [n for n, v in values.items() if v.ndim == 4]
+    assert masks
+    assert not set(masks) & weights
+
+
 def _folded(model: onnx.ModelProto) -> set[str]:
     text = " ".join(p.value for v in model.graph.value_info for p in v.metadata_props)
     return set(re.findall(r"'([\w.]+)'", text))

@@ -62,15 +62,14 @@ def exports() -> tuple[Bag, dict[str, onnx.ModelProto]]:
 
 
 def _expected(model: onnx.ModelProto, who: str) -> str:
-    """The refusal, written from the graph: the Loop node and the weights its gradient needs
-    (dynamo: the embedding and its per-sample weights, all ones; TorchScript: the embedding)."""
+    """The refusal, written from the graph: the Loop node and the embedding (dynamo reads the
+    gathered rows from the outer scope, TorchScript the weight inside the body)."""
     (loop,) = [n for n in model.graph.node if n.op_type == "Loop"]
-    inits = {i.name for i in model.graph.initializer}
-    inside = "tmp" not in inits  # TorchScript reads the weight inside the body
-    weights = ["bag.weight"] if inside else ["bag.weight", "tmp"]
+    body = next(a.g for a in loop.attribute if a.name == "body")
+    inside = "bag.weight" in {i for n in body.node for i in n.input}
     where = " (read inside its subgraphs)" if inside else ""
     return (
-        f"{who}: the gradient cannot cross control flow: weight(s) {weights} through node "
+        f"{who}: the gradient cannot cross control flow: weight(s) ['bag.weight'] through node "
         f"{loop.name!r} (Loop){where}. {CONTROL_FLOW_FIXES}"
     )
 

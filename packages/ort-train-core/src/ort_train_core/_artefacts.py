@@ -218,8 +218,7 @@ def dropped_parameters(model: ModelProto) -> list[str]:
     list of str
         torch's names of the parameters, in the order the graph reads them.
     """
-    props = [*model.graph.metadata_props, *model.metadata_props]
-    signature = {p.key: p.value for p in props}.get(_SIGNATURE)
+    signature = _signature(model)
     if not signature:
         return []
     params = dict(_SIGNATURE_PARAMETER.findall(signature))
@@ -241,6 +240,48 @@ def dropped_parameters(model: ModelProto) -> list[str]:
         if len(missing) > len(others):
             dropped.update(dict.fromkeys(sorted(missing)))
     return list(dropped)
+
+
+def _signature(model: ModelProto) -> str | None:
+    """The exported program's graph signature dynamo writes into the metadata, if any."""
+    props = [*model.graph.metadata_props, *model.metadata_props]
+    return {p.key: p.value for p in props}.get(_SIGNATURE)
+
+
+def folded_constants(model: ModelProto) -> dict[str, str]:
+    """The float initializers dynamo folded from values none of which is a torch parameter (a
+    causal attention mask, EmbeddingBag's per-sample weights of ones): constants, not
+    parameters, though as large as one. {} for graphs without dynamo's graph signature.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The graph.
+
+    Returns
+    -------
+    dict of str to str
+        Initializer name -> the reason it is not a parameter.
+    """
+    signature = _signature(model)
+    if not signature:
+        return {}
+    parameters = {target for _, target in _SIGNATURE_PARAMETER.findall(signature)}
+    folded = _folded_sources(model)
+
+    def from_parameter(name: str, seen: frozenset[str]) -> bool:
+        # a source may be a folded value itself: follow it, once
+        return name in parameters or any(
+            from_parameter(s, seen | {name}) for s in folded.get(name, ()) if s not in seen
+        )
+
+    return {
+        init.name: "a constant the exporter folded from values that are no torch parameter"
+        for init in model.graph.initializer
+        if init.data_type in FLOAT_TYPES
+        and init.name in folded
+        and not from_parameter(init.name, frozenset())
+    }
 
 
 def artefact_notes(model: ModelProto, weights: Sequence[str], fix: str, silence: str) -> list[str]:

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from onnx import ModelProto, NodeProto
 
-from ._artefacts import artefact_notes
+from ._artefacts import artefact_notes, folded_constants
 from ._builder import FLOAT_TYPES
 from .exceptions import ExportedGraphWarning
 
@@ -93,6 +93,9 @@ def exporter_constants(model: ModelProto) -> dict[str, str]:
             out[init.name] = "a 0-d constant (name it in weights_to_train to train it)"
         elif int(np.prod(init.dims)) == 1 and _folded_from_constants(tags):
             out[init.name] = "a constant the exporter folded from its own constants"
+    # larger ones too, where dynamo's graph signature names the parameters (issue 26, item 2)
+    for name, why in folded_constants(model).items():
+        out.setdefault(name, why)
     return out
 
 
