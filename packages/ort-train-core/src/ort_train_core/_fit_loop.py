@@ -818,10 +818,29 @@ class BaseOrtTrainer(ParamsMixin):
         if not hasattr(self, "n_iter_"):
             self._new_history()
 
-    def _carry_progress(self, state: TrainingState) -> None:
-        """Continues the step counts of ``state`` (another trainer's, of the same weights), and
-        its optimizer states where this trainer's have the same names and shapes: the
-        scikit-learn layer's partial_fit after a parameter change rebuilds its trainer."""
+    def training_state(self) -> TrainingState:
+        """A copy of where training stands: the weights, the optimizer's states and the step
+        and sample counts (the initial weights and zero counts before any fit).
+
+        Returns
+        -------
+        TrainingState
+            New arrays; :meth:`continue_progress` of another trainer takes it.
+        """
+        return self._current_state().copy()
+
+    def continue_progress(self, state: TrainingState) -> None:
+        """Continues the step and sample counts of ``state`` (another trainer's
+        :meth:`training_state`, of the same weights), and its optimizer states where this
+        trainer's have the same names and shapes; the weights stay this trainer's. The
+        scikit-learn estimators' ``partial_fit`` after a parameter change rebuilds its trainer
+        with it.
+
+        Parameters
+        ----------
+        state : TrainingState
+            The progress to continue.
+        """
         current = self._current_state().copy()
         mine = {k: [a.shape for a in v] for k, v in current.optimizer.items()}
         theirs = {k: [a.shape for a in v] for k, v in state.optimizer.items()}

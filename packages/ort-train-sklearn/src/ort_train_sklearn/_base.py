@@ -37,17 +37,20 @@ from ort_train_core import (
     initializers_to_inputs,
     parse_device,
 )
-from ort_train_core._binding import count_weight_values, cpu_threads
-from ort_train_core._cache import MAX_CACHED_MODEL_BYTES, LRUCache, model_digest
-from ort_train_core._data import (
+from ort_train_core.extending import (
+    EPOCH_LOSS_WEIGHTS,
+    MAX_CACHED_MODEL_BYTES,
+    Device,
+    LRUCache,
     check_sparse_structure,
+    count_weight_values,
+    cpu_threads,
     dense_rows,
     is_sparse,
+    model_digest,
     sparse_as,
     warn_inexact_integers,
 )
-from ort_train_core._loss_trainer import EPOCH_LOSS_WEIGHTS
-from ort_train_core._runtime import Device
 from ort_train_core.graph import initializer_values, inputs_to_initializers, set_metadata
 
 from ._graphs import classifier_head, copy_model, probabilities
@@ -787,14 +790,14 @@ class OrtEstimatorMixin(BaseEstimator):
         """A trainer with the current parameters from the fitted weights (as ``coef_`` holds
         them); ``keep_progress``: with the old one's step counts and optimizer states."""
         self._check_warm_structure()
-        progress = self._trainer._current_state()
+        progress = self._trainer.training_state()
         weights = initializer_values(self._trained_graph(), list(progress.weights))
         self._curve_before = list(getattr(self, "loss_curve_", []))
         self._trainer = self._make_trainer(
             inputs_to_initializers(self._raw_model, weights), n_samples, n_outputs, rng, mean_weight
         )
         if keep_progress:
-            self._trainer._carry_progress(progress)
+            self._trainer.continue_progress(progress)
 
     def _make_trainer(
         self,

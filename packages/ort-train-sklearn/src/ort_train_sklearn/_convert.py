@@ -417,7 +417,7 @@ def _features_and_sample(model: ModelProto, X_sample: Any) -> tuple[str | None, 
 
 def _general_sample(inputs: list[Any], X_sample: Any) -> Feeds:
     """Rows of a graph's inputs of any rank and type, checked as fit checks them."""
-    from ort_train_core._data import check_features, feature_spec
+    from ort_train_core.extending import check_features, feature_spec
 
     names = [i.name for i in inputs]
     for vi in inputs:

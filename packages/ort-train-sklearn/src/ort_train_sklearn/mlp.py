@@ -24,7 +24,7 @@ from ort_train_core import (
     onnx_derivative,
     parse_device,
 )
-from ort_train_core._data import dense_rows, is_sparse
+from ort_train_core.extending import dense_rows, is_sparse
 
 from ._base import (
     _COMMON_CONSTRAINTS,

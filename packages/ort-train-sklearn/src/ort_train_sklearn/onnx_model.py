@@ -22,7 +22,7 @@ from ort_train_core import (
     cast_checked,
     load_model,
 )
-from ort_train_core._data import check_features, feature_spec
+from ort_train_core.extending import check_features, feature_spec
 from ort_train_core.graph import default_penalized_weights
 
 from ._base import (

@@ -1,0 +1,53 @@
+"""What a package built on ort_train_core needs beyond training: the pieces the scikit-learn and
+torch adapters use, public and documented, so that no adapter imports a private module.
+
+* Devices and threads: :class:`Device` (a parsed device string), :func:`cpu_threads` (the
+  intra-op threads a session of that much work gets on CPU), :func:`count_weight_values`.
+* Sparse and tabular data: :func:`is_sparse`, :func:`check_sparse_structure` (refuses a
+  malformed scipy matrix before native code reads it), :func:`sparse_as` (a whole sparse matrix
+  densified to a dtype), :func:`dense_rows` (some rows of it densified),
+  :func:`warn_inexact_integers`, :func:`feature_spec` and :func:`check_features` (a graph's
+  feature input and the check of a user's ``X`` against it).
+* Caches: :class:`LRUCache`, :func:`model_digest` (a key of a model's content) and
+  :data:`MAX_CACHED_MODEL_BYTES` (larger models are not cached).
+* Metadata: :data:`EPOCH_LOSS_WEIGHTS`, the loss graph's key saying how the trainers weigh each
+  batch's loss in the epoch's mean.
+
+A trainer's progress moves between trainers with
+:meth:`~ort_train_core.OrtGradientOptimizer.training_state` and
+:meth:`~ort_train_core.OrtGradientOptimizer.continue_progress`; per-step work (averaging, learning
+rates adapted between epochs) goes in a :class:`~ort_train_core.Callback`.
+"""
+
+from __future__ import annotations
+
+from ._binding import count_weight_values, cpu_threads
+from ._cache import MAX_CACHED_MODEL_BYTES, LRUCache, model_digest
+from ._data import (
+    check_features,
+    check_sparse_structure,
+    dense_rows,
+    feature_spec,
+    is_sparse,
+    sparse_as,
+    warn_inexact_integers,
+)
+from ._loss_trainer import EPOCH_LOSS_WEIGHTS
+from ._runtime import Device
+
+__all__ = [
+    "EPOCH_LOSS_WEIGHTS",
+    "MAX_CACHED_MODEL_BYTES",
+    "Device",
+    "LRUCache",
+    "check_features",
+    "check_sparse_structure",
+    "count_weight_values",
+    "cpu_threads",
+    "dense_rows",
+    "feature_spec",
+    "is_sparse",
+    "model_digest",
+    "sparse_as",
+    "warn_inexact_integers",
+]
