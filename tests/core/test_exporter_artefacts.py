@@ -182,7 +182,7 @@ def test_equal_parameters_and_constant_tensors_are_not_copies() -> None:
 
 def test_twenty_thousand_initializers_are_compared_in_linear_time() -> None:
     """Issue 26 item 7's size: 20 000 initializers (biases of equal shapes, many zeros), one
-    transposed copy among them; measured about 0.3 s on one core."""
+    transposed copy among them; measured 0.2 s (100 000: 1.5 s) on one core."""
     n = 20_000
     inits = [numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), f"b{k}") for k in range(n)]
     inits += [numpy_helper.from_array(np.zeros(8, np.float32), f"z{k}") for k in range(n // 4)]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import itertools
+import math
 import re
 from collections.abc import Iterable, Sequence
 
@@ -88,14 +89,25 @@ def _candidates(model: ModelProto, weights: Iterable[str]) -> dict[str, np.ndarr
     return {
         init.name: numpy_helper.to_array(init)
         for init in model.graph.initializer
-        if init.name in names and init.data_type in FLOAT_TYPES and int(np.prod(init.dims)) >= _MIN_DISTINCT
+        if init.name in names and init.data_type in FLOAT_TYPES and math.prod(init.dims) >= _MIN_DISTINCT
     }
 
 
-def _few_values(a: np.ndarray) -> bool:
-    """Fewer than three distinct values (NaN counts as few), in linear time."""
+#: below this many elements, Python's min, max and set cost less than numpy's reductions
+_SMALL = 64
+
+
+def _range(a: np.ndarray) -> tuple[float, float] | None:
+    """The minimum and maximum, None for fewer than three distinct values (zeros, ones, an
+    identity matrix, a 0/-inf mask) or NaN; linear time."""
+    if a.size <= _SMALL:
+        values = a.ravel().tolist()
+        low, high = min(values), max(values)
+        return (low, high) if low < high and len(set(values)) >= _MIN_DISTINCT else None
     low, high = a.min(), a.max()
-    return not (low < high and bool(np.any((a > low) & (a < high))))
+    if not (low < high and bool(np.any((a > low) & (a < high)))):
+        return None
+    return float(low), float(high)
 
 
 def _groups(arrays: dict[str, np.ndarray]) -> list[list[str]]:
@@ -106,10 +118,10 @@ def _groups(arrays: dict[str, np.ndarray]) -> list[list[str]]:
     by_stats: dict[tuple[object, ...], list[str]] = {}
     by_head: dict[tuple[object, ...], list[str]] = {}
     for name, a in arrays.items():
-        if _few_values(a):
+        bounds = _range(a)
+        if bounds is None:
             continue
-        stats = (a.dtype.str, a.size, a.min().tobytes(), a.max().tobytes())
-        by_stats.setdefault(stats, []).append(name)
+        by_stats.setdefault((a.dtype.str, a.size, *bounds), []).append(name)
         by_head.setdefault((a.dtype.str, len(_squeezed(a.shape)), a.ravel()[:2].tobytes()), []).append(name)
     groups = [g for g in by_head.values() if 1 < len(g) <= _MAX_GROUP]
     for group in by_stats.values():
