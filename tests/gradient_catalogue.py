@@ -257,14 +257,17 @@ def binary(draw: Draw) -> Case:
 
 
 def conv(draw: Draw) -> Case:
-    """Conv 1-D or 2-D with groups, strides, (asymmetric) pads, dilations, with or without bias."""
+    """Conv 1-D or 2-D with groups (grouped and depthwise), strides, (asymmetric) pads or
+    ``auto_pad`` (SAME_UPPER, SAME_LOWER, VALID), dilations, with or without bias."""
     rng = _rng(draw)
     spatial = draw(st.integers(1, 2))
-    groups = draw(st.sampled_from([1, 2]))
-    c_in, c_out = groups * _dim(draw, 1, 2), groups * _dim(draw, 1, 2)
+    groups = draw(st.sampled_from([1, 2, 4]))
+    depthwise = draw(st.booleans())  # one input channel per group
+    c_in, c_out = groups * (1 if depthwise else _dim(draw, 1, 2)), groups * _dim(draw, 1, 2)
     kernel = [_dim(draw, 1, 3) for _ in range(spatial)]
     strides = [_dim(draw, 1, 2) for _ in range(spatial)]
     dilations = [_dim(draw, 1, 2) for _ in range(spatial)]
+    auto_pad = draw(st.sampled_from(["NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"]))
     pads = [_dim(draw, 0, 1) for _ in range(2 * spatial)]
     size = [(kk - 1) * d + 1 + _dim(draw, 0, 3) for kk, d in zip(kernel, dilations)]
     n = _dim(draw, 1, 3)
@@ -273,7 +276,12 @@ def conv(draw: Draw) -> Case:
     with_bias = draw(st.booleans())
     if with_bias:
         weights["B"] = _values(rng, [c_out])
-    attrs = {"group": groups, "strides": strides, "pads": pads, "dilations": dilations}
+    attrs: dict[str, Any] = {"group": groups, "strides": strides, "dilations": dilations}
+    if auto_pad == "NOTSET":
+        attrs["pads"] = pads
+    else:
+        attrs["auto_pad"] = auto_pad
+        pads = _auto_pads(auto_pad, size, kernel, strides, dilations)
     nodes = [helper.make_node("Conv", ["X", *weights], ["Y"], kernel_shape=kernel, **attrs)]
 
     def fn(t: Any, x: list[Any], w: dict[str, Any]) -> Any:
@@ -284,6 +292,26 @@ def conv(draw: Draw) -> Case:
         return op(padded, w["W"], w.get("B"), stride=strides, dilation=dilations, groups=groups)
 
     return make_case(draw, "conv", nodes, inputs, weights, fn)
+
+
+def _auto_pads(
+    auto_pad: str,
+    size: Sequence[int],
+    kernel: Sequence[int],
+    strides: Sequence[int],
+    dilations: Sequence[int],
+) -> list[int]:
+    """The pads ``[begin..., end...]`` ONNX's Conv defines for ``auto_pad``: for SAME_*, the
+    output size is ceil(size / stride), the odd unit at the end (UPPER) or beginning (LOWER)."""
+    if auto_pad == "VALID":
+        return [0] * 2 * len(size)
+    begins, ends = [], []
+    for n, k, s, d in zip(size, kernel, strides, dilations):
+        total = max(0, (-(-n // s) - 1) * s + (k - 1) * d + 1 - n)
+        first = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+        begins.append(first)
+        ends.append(total - first)
+    return begins + ends
 
 
 def gather(draw: Draw) -> Case:
@@ -890,6 +918,52 @@ def _batch_norm_training() -> Case:
     return _form("batch_norm", [node], inputs, weights, fn, consts)
 
 
+def _conv_form(groups: int, depthwise: bool, size: list[int], attrs: dict[str, Any]) -> Callable[[], Case]:
+    """Conv with ``groups`` groups (depthwise: one input channel each), kernel 3 on every axis,
+    bias, and ``attrs`` (auto_pad, dilations, strides), after which the weight's gradient came
+    from uninitialised memory on every route (issue 26, items 1 and 14): off by 1.6 to 1e29
+    relative against torch, different on each call."""
+
+    def build() -> Case:
+        rng = np.random.default_rng(0)
+        spatial = len(size)
+        c_in, c_out = (groups, 2 * groups) if depthwise else (2 * groups, groups)
+        kernel = [3] * spatial
+        inputs = {"X": _values(rng, [2, c_in, *size])}
+        weights = {"W": _values(rng, [c_out, c_in // groups, *kernel]), "B": _values(rng, [c_out])}
+        strides, dilations = attrs.get("strides", [1] * spatial), attrs.get("dilations", [1] * spatial)
+        pads = _auto_pads(attrs["auto_pad"], size, kernel, strides, dilations)
+        node = helper.make_node("Conv", ["X", "W", "B"], ["Y"], group=groups, kernel_shape=kernel, **attrs)
+
+        def fn(t: Any, x: list[Any], w: dict[str, Any]) -> Any:
+            torch_pads = [p for d in reversed(range(spatial)) for p in (pads[d], pads[d + spatial])]
+            op = t.nn.functional.conv1d if spatial == 1 else t.nn.functional.conv2d
+            padded = t.nn.functional.pad(x[0], torch_pads)
+            return op(padded, w["W"], w["B"], stride=strides, dilation=dilations, groups=groups)
+
+        return _form("conv", [node], inputs, weights, fn)
+
+    return build
+
+
+def _depthwise_conv_of_activation() -> Case:
+    """Tanh then a depthwise Conv1d (8 groups, explicit pads): in the partial loop's pair
+    (onnxruntime's memory pattern on), the grouped ConvGrad read its input, an activation, from a
+    buffer already reused: the weight's gradient was off by 1.0 relative (issue 26, item 1)."""
+    rng = np.random.default_rng(0)
+    inputs = {"X": _values(rng, [3, 8, 10])}
+    weights = {"W": _values(rng, [8, 1, 3]), "B": _values(rng, [8])}
+    nodes = [
+        helper.make_node("Tanh", ["X"], ["h"]),
+        helper.make_node("Conv", ["h", "W", "B"], ["Y"], group=8, kernel_shape=[3], pads=[1, 1]),
+    ]
+
+    def fn(t: Any, x: list[Any], w: dict[str, Any]) -> Any:
+        return t.nn.functional.conv1d(t.tanh(x[0]), w["W"], w["B"], padding=1, groups=8)
+
+    return _form("conv", nodes, inputs, weights, fn)
+
+
 KNOWN_LIMITS: dict[str, Callable[[], Case]] = {"symbolic_dim_of_1_broadcast": _symbolic_one_broadcast}
 
 
@@ -933,6 +1007,16 @@ PINNED_FORMS: dict[str, Callable[[], Case]] = {
     # no gradient in onnxruntime: refused with the operator and the fix
     "pow_weight_exponent": _pow_exponent,
     "cumsum": _cumsum,
+    # issue 26 items 1 and 14: auto_pad SAME gave a weight gradient from uninitialised memory
+    # (torch's TorchScript exporter writes it for padding='same'); with dilations onnxruntime
+    # refused it even for inference. Written as explicit pads
+    "conv_grouped_same_upper": _conv_form(4, False, [6, 5], {"auto_pad": "SAME_UPPER"}),
+    "conv_depthwise_same_lower_dilated": _conv_form(
+        16, True, [9], {"auto_pad": "SAME_LOWER", "dilations": [2]}
+    ),
+    "conv_same_upper_strided": _conv_form(1, False, [7, 6], {"auto_pad": "SAME_UPPER", "strides": [2, 3]}),
+    "conv_depthwise_valid": _conv_form(8, True, [6, 6], {"auto_pad": "VALID"}),
+    "conv_depthwise_of_activation": _depthwise_conv_of_activation,
 }
 
 
@@ -976,7 +1060,7 @@ def finite_difference_vjp(case: Case, grad_output: np.ndarray, h: float = 1e-6) 
     grads = {}
     for name in [*case.grad_inputs, *weights]:
         table = inputs if name in inputs else weights
-        base = table[name]
+        base = np.array(table[name])
         grad = np.zeros_like(base)
         for pos in np.ndindex(base.shape):
             values = []

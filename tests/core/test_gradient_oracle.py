@@ -52,6 +52,7 @@ from gradient_catalogue import (
 )
 from ort_train_core._backends import default_backend
 from ort_train_core._ort_training import cpu_gradient_rewrites
+from ort_train_core._runtime import ort_capi
 from ort_train_core.cli import main as cli_main
 from ort_train_core.exceptions import GraphNotDifferentiableError
 from ort_train_core.graph import initializers_to_inputs
@@ -107,10 +108,32 @@ def fused_vjp(case: Case, grad_output: np.ndarray) -> dict[str, np.ndarray]:
     return dict(zip(names, fetched))
 
 
+def partial_loop_vjp(case: Case, grad_output: np.ndarray) -> dict[str, np.ndarray]:
+    """The gradients of the forward/backward pair with onnxruntime's memory pattern on, as the
+    partial loop builds it (``OrtGradientForwardBackward`` turns it off: its forward's outputs
+    outlive the backward). The partial loop also fixes the batch dimension: the fused route
+    checks fixed shapes already."""
+    names = [*case.grad_inputs, *case.weights]
+    device = otc.parse_device("cpu")
+    runner = default_backend().forward_backward(
+        initializers_to_inputs(case.model, []), list(case.weights), case.grad_inputs, device
+    )
+    arrays = [
+        np.require(a, requirements="C")  # an OrtValue reads the array's buffer (kept alive here)
+        for a in [*case.inputs.values(), *case.weights.values(), np.asarray(grad_output, np.float32)]
+    ]
+    values = [ort_capi.OrtValue.ortvalue_from_numpy(a, device.ort_device) for a in arrays]
+    outputs, grads, state = runner.vector([]), runner.vector([]), runner.new_state()
+    runner.run_forward(runner.vector(values[:-1]), outputs, state)
+    runner.run_backward(runner.vector(values[-1:]), grads, state)
+    return {n: grads[k].numpy().copy() for k, n in enumerate(names)}
+
+
 #: route name -> (case, output gradient) -> gradients by name
 ROUTES: dict[str, Callable[[Case, np.ndarray], dict[str, np.ndarray]]] = {
     "forward/backward": lambda case, grad_output: forward_backward_vjp(case, grad_output)[1],
     "fused": fused_vjp,
+    "partial loop": partial_loop_vjp,
 }
 
 

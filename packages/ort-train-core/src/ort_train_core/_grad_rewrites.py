@@ -53,6 +53,12 @@ listed here:
   position): written with primitives, and as one forward node per direction with every
   optional input (``_grad_rewrites_norm_rnn``).
 
+* ``Conv`` with ``auto_pad='SAME_UPPER'``/``'SAME_LOWER'`` (torch's TorchScript exporter writes it
+  for ``padding='same'``): onnxruntime-training's ConvGrad ignores ``auto_pad``, so the weight
+  gradient came partly from uninitialised memory (off by 1.6 to 1e29 relative, grouped and
+  depthwise convolutions included, different on each call). Written with explicit pads
+  (``_auto_pad``); refused where they depend on a size the graph does not fix.
+
 Operators onnxruntime has no gradient for at all (CumSum, Softplus, GlobalMaxPool, ReduceMax,
 ...) are refused by the gradient builders with the operator's name and the fix.
 
@@ -70,6 +76,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, helper, numpy_helper
 
+from ._auto_pad import is_same_conv, same_pads, with_pads
 from ._builder import NodeBuilder
 from ._grad_rewrites_norm_rnn import group_norm, instance_norm, recurrent
 from .exceptions import GraphNotDifferentiableError
@@ -401,6 +408,25 @@ def _batch_norm(b: NodeBuilder, node: onnx.NodeProto, graph: _Graph) -> None:
     b.nodes.append(new)
 
 
+def _same_conv(b: NodeBuilder, node: onnx.NodeProto, graph: _Graph) -> None:
+    """Conv with ``auto_pad`` SAME_UPPER/SAME_LOWER as the same Conv with explicit pads: the
+    training build's ConvGrad ignores ``auto_pad`` and computes the weight gradient partly from
+    uninitialised memory (``_auto_pad``). Refused when the pads depend on a size the graph does
+    not fix (a stride above 1)."""
+    if not is_same_conv(node):
+        return
+    dims = [graph.infos[n][1] if n in graph.infos else None for n in node.input[:2]]
+    pads = same_pads(node, *dims)
+    if pads is None:
+        raise GraphNotDifferentiableError(
+            f"{_operator(node)} has auto_pad SAME_UPPER/SAME_LOWER, whose weight gradient "
+            "onnxruntime-training computes wrongly, and its pads cannot be written out: the input's "
+            "spatial size is not fixed and a stride is above 1; fix the input's shape, or export the "
+            "convolution with explicit pads"
+        )
+    b.nodes.append(with_pads(node, pads))
+
+
 _REWRITERS: dict[str, Rewriter] = {
     "BatchNormalization": _batch_norm,
     "HardSigmoid": _hard_sigmoid,
@@ -413,6 +439,7 @@ _REWRITERS: dict[str, Rewriter] = {
     "AveragePool": _average_pool,
     "Pow": _pow,
     "Where": _where,
+    "Conv": _same_conv,
     "InstanceNormalization": instance_norm,
     "GroupNormalization": group_norm,
     "LSTM": recurrent,

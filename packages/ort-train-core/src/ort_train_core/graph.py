@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 
+from ._auto_pad import explicit_conv_pads
 from ._batchnorm import inference_form, running_statistics
 from ._builder import FLOAT_TYPES, NodeBuilder, unique_name
 from ._exported import export_notes, exporter_constants, warn_exported_graph
@@ -142,7 +143,7 @@ def normalise_model(model: ModelProto) -> ModelProto:
         # are not ("Cannot find NodeArgs for [Add_Grad/ReduceAxes_for_b_grad]"). From IR 4 an
         # initializer listed as an input is an input with a default value: the same meaning
         model.ir_version = MIN_IR_VERSION
-    return model
+    return explicit_conv_pads(model)  # SAME pads: refused with dilations, wrong gradients
 
 
 def _copy(model: ModelProto) -> ModelProto:
