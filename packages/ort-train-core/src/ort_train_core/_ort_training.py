@@ -818,7 +818,42 @@ def cpu_gradient_rewrites(model: ModelProto, elem_type: int) -> ModelProto:
     onnx.ModelProto
         The rewritten graph (``model`` itself when nothing applies).
     """
+    check_cpu_gradient_kernels(model)
     return cpu_row_sums(cpu_relu_grad(model, elem_type), elem_type)
+
+
+#: gradient operators onnxruntime-training 1.19.2 writes but has no CPU kernel for, by the
+#: forward operator they differentiate
+_NO_CPU_GRADIENT_KERNEL = {"ResizeGrad": "Resize", "ConvTransposeGrad": "ConvTranspose"}
+
+
+def check_cpu_gradient_kernels(model: ModelProto) -> None:
+    """Refuses a gradient graph holding a gradient operator without a CPU kernel (Resize's,
+    ConvTranspose's), naming the forward node: onnxruntime's own error, at session creation,
+    blamed the element type and advised converting an already-float32 graph to float32.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        A gradient graph to run on CPU.
+
+    Raises
+    ------
+    GraphNotDifferentiableError
+        For the first such operator.
+    """
+    for node in model.graph.node:
+        forward = _NO_CPU_GRADIENT_KERNEL.get(node.op_type)
+        if forward is None or node.domain not in ("", "com.microsoft"):
+            continue
+        # the builder names a gradient node '<forward node>_Grad/<op>_<k>'
+        name = node.name.split("_Grad/")[0] if "_Grad/" in node.name else ""
+        where = f"operator {forward}" + (f" (node {name!r})" if name else "")
+        raise GraphNotDifferentiableError(
+            f"{where} has no gradient kernel on CPU in onnxruntime-training 1.19.2 ({node.op_type} "
+            f"exists only for CUDA): train on a CUDA device, leave the weights before the {forward} "
+            "out of weights_to_train, or write that step with other operators"
+        )
 
 
 def cpu_relu_grad(model: ModelProto, elem_type: int) -> ModelProto:
