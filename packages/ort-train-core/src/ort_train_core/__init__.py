@@ -8,6 +8,7 @@ from ._binding import ortvalue_from_dlpack
 from ._data import cast_checked
 from ._fit_loop import describe_non_finite, exclusive_fit
 from ._io import load_model
+from ._ort_errors import onnxruntime_errors
 from ._runtime import Device, check_device, parse_device  # importing it checks the runtime
 from ._version import __version__
 from .callbacks import Callback, EarlyStopping, EpochPrinter, ProgressBar
@@ -104,6 +105,7 @@ __all__ = [
     "inputs_to_initializers",
     "load_model",
     "onnx_derivative",
+    "onnxruntime_errors",
     "ortvalue_from_dlpack",
     "parse_device",
     "prediction_graph",

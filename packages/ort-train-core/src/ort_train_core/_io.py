@@ -520,9 +520,51 @@ def _topological_order(graph: onnx.GraphProto, deps: list[set[int]], source: str
     return order
 
 
+def _graph_texts(graph: onnx.GraphProto) -> Iterator[tuple[str, str | bytes]]:
+    """(what, text) of the names of a graph and of its nodes (not of its subgraphs)."""
+    for vi in [*graph.input, *graph.output, *graph.value_info]:
+        yield "value name", vi.name
+    for tensor in graph.initializer:
+        yield "initializer name", tensor.name
+    for sparse in graph.sparse_initializer:
+        yield "initializer name", sparse.values.name
+    for node in graph.node:
+        yield from (("node name", node.name), ("operator", node.op_type), ("domain", node.domain))
+        yield from (("value name", name) for name in [*node.input, *node.output])
+
+
+def _check_utf8(model: onnx.ModelProto, source: str) -> None:
+    """Every name is UTF-8 text: protobuf hands an invalid one to Python as bytes, which fails
+    later as a UnicodeDecodeError far from the cause."""
+    texts = [("metadata", t) for p in model.metadata_props for t in (p.key, p.value)]
+    texts += [("domain", op.domain) for op in model.opset_import]
+    graphs = [model.graph]
+    for function in model.functions:
+        texts += [("function name", function.name), ("domain", function.domain)]
+        texts += [("value name", name) for name in [*function.input, *function.output]]
+        graphs.append(onnx.GraphProto(node=function.node))
+    while graphs:  # without recursion: the nesting is checked, but this runs first on load
+        graph = graphs.pop()
+        graphs.extend(sub for node in graph.node for _, sub in _subgraphs(node))
+        for what, text in [*texts, *_graph_texts(graph)]:
+            if isinstance(text, bytes):
+                raise ValueError(
+                    f"{source}: the {what} {text!r} is not valid UTF-8 text, which ONNX names must "
+                    "be: the file is corrupted or was written by a tool that does not follow ONNX; "
+                    "rename it and save the model again"
+                )
+        texts = []
+
+
 def _check_inputs(graph: onnx.GraphProto, source: str) -> None:
-    """The graph's inputs have an element type and no negative dimension."""
+    """The graph's inputs have a type, an element type and no negative dimension."""
     for vi in graph.input:
+        if vi.type.WhichOneof("value") is None:
+            raise ValueError(
+                f"{source}: graph input {vi.name!r} has no type; declare its element type and shape "
+                "(onnx.helper.make_tensor_value_info(name, TensorProto.FLOAT, ['N', 3])) and save "
+                "the model again"
+            )
         if not vi.type.HasField("tensor_type"):
             continue
         tt = vi.type.tensor_type
@@ -584,6 +626,7 @@ def validate_model(model: onnx.ModelProto, source: str = "the model") -> list[in
         defined nowhere; a cycle.
     """
     _check_depth(model, source)
+    _check_utf8(model, source)
     for tensor in _model_tensors(model):
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             raise external_data_error(tensor, source)

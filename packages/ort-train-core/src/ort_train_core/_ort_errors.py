@@ -4,6 +4,8 @@ line, function signature) its messages start with."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 #: the node a failing kernel belongs to, and onnxruntime's status message
 _RUNNING = re.compile(r"while running (\w+) node\. Name:'([^']*)' Status Message: (.*)", re.DOTALL)
@@ -58,3 +60,31 @@ def run_failure(exc: BaseException) -> str:
         text = f"node {node!r} (operator {op}): {detail}"
     text = _CPP_CONTEXT.sub("", text)
     return " ".join(text.split())
+
+
+@contextmanager
+def onnxruntime_errors(what: str, error: type[Exception] = RuntimeError) -> Iterator[None]:
+    """Re-raises onnxruntime's errors in the block as ``error`` in our words:
+    ``onnxruntime failed <what>: node 'n' (operator Op): <status>``, onnxruntime's exception as
+    the ``__cause__``; any other exception passes unchanged.
+
+    Parameters
+    ----------
+    what : str
+        Where it failed, e.g. ``"in the training forward"``.
+    error : type of Exception, default=RuntimeError
+        The exception raised instead.
+
+    Yields
+    ------
+    None
+    """
+    try:
+        yield
+    except Exception as exc:
+        if not is_onnxruntime_error(exc):
+            raise
+        raise error(
+            f"onnxruntime failed {what}: {run_failure(exc)}; check the inputs' shapes and values "
+            "against the graph's"
+        ) from exc

@@ -5,6 +5,17 @@ outputs weighted by their output gradients are the gradients of one scalar,
 ``sum_k ReduceSum(Y_k * Y_k_grad)``, which the backend differentiates like any loss (a
 vector-Jacobian product). Only ``KeepYieldOp`` returns a form specific to onnxruntime-training
 (its forward/backward graph joined by a ``YieldOp``).
+
+Names, as in onnxcustom so that code written for it runs:
+
+* the gradient of an input or weight ``A`` is the output ``A_grad``;
+* the gradient fed for a float output ``O`` (``Zero``, ``KeepOutputs``) is the input ``O_grad``,
+  or ``O_output_grad`` when ``O`` is also a graph input or an initializer (an output that passes
+  an input or a weight through: ``O_grad`` names the gradient of that input or weight); when the
+  name is already a value of the graph, ``_1``, ``_2``... is appended
+  (:func:`~ort_train_core.graph.unique_name`). onnxruntime's gradient builder names the
+  gradient of every value ``v`` on the way ``v_grad`` and refuses a graph that already has a
+  value of that name.
 """
 
 from __future__ import annotations
@@ -69,42 +80,25 @@ def onnx_derivative(
 ) -> ModelProto:
     """The gradient graph of an ONNX graph, as onnxcustom's function of the same name.
 
-    The result is a valid ONNX model (IR version 4 to 10, default opset 13 to 21: the graph
-    goes through :func:`~ort_train_core.graph.normalise_model` first, as with the trainers, so
-    opset 9 or 10 and IR 3 graphs work) that an onnxruntime-training ``InferenceSession`` runs;
-    it holds com.microsoft gradient operators (``SoftmaxGrad``, ``ReluGrad``...), so stock
-    onnxruntime may not run it.
-
-    Names, as in onnxcustom so that code written for it runs:
-
-    * the gradient of an input or weight ``A`` is the output ``A_grad``;
-    * the gradient fed for a float output ``O`` (``Zero``, ``KeepOutputs``) is the input
-      ``O_grad``, or ``O_output_grad`` when ``O`` is also a graph input or an initializer (an
-      output that passes an input or a weight through: ``O_grad`` names the gradient of that
-      input or weight); when the name is already a value of the graph, ``_1``, ``_2``... is
-      appended (:func:`~ort_train_core.graph.unique_name`). onnxruntime's gradient builder
-      names the gradient of every value ``v`` on the way ``v_grad`` and refuses a graph that
-      already has a value of that name.
+    A valid ONNX model with com.microsoft gradient operators (an onnxruntime-training session
+    runs it); the graph is normalised first, as for the trainers (opset 9 or 10 and IR 3 work).
+    Names are onnxcustom's (see the module's notes): ``A_grad`` is the gradient of ``A``.
 
     Parameters
     ----------
     onx : onnx.ModelProto
         The graph.
-    weights : str, sequence of str or None, default=None
-        The initializers to differentiate (they become inputs, after the graph's own); a
-        string is one name. None: every float initializer a differentiated output depends on
-        through float values and operators with a gradient.
-    inputs : str, sequence of str or None, default=None
-        The graph inputs to differentiate; a string is one name. None: every float input (the
-        label excepted) a differentiated output depends on through float values and operators
-        with a gradient; the others (unused, or only read by ``Shape``...) have no gradient.
+    weights, inputs : str, sequence of str or None, default=None
+        The initializers (inputs after the graph's own) and graph inputs to differentiate; a
+        string is one name. None: every float initializer, and input but the label, that a
+        differentiated output depends on through float values and operators with a gradient.
     options : DerivativeOptions, default=DerivativeOptions.Zero
         What the graph takes and gives (see :class:`DerivativeOptions`).
     loss, label : str, optional
-        With ``options=DerivativeOptions.Loss`` only: the loss output (a scalar, or a single
-        element) and the label input(s).
+        With ``options=DerivativeOptions.Loss`` only: the loss output (one element) and the
+        label input(s).
     path_name : str or Path, optional
-        Where to save the result as well (onnxcustom required it for ``Loss``).
+        Where to save the result too (onnxcustom required it for ``Loss``).
 
     Returns
     -------
@@ -114,29 +108,19 @@ def onnx_derivative(
     Raises
     ------
     TypeError
-        When ``options`` is not a :class:`DerivativeOptions`, or ``weights``/``inputs`` not
-        strings.
+        ``options`` is not a :class:`DerivativeOptions`, ``weights``/``inputs`` not strings.
     ValueError
-        For an unknown, repeated or gradient-less weight or input name, a name in both
-        ``weights`` and ``inputs``, nothing to differentiate, incompatible options, ``Loss``
-        without ``loss`` or ``label``, a loss that is not a scalar, or ``loss``/``label``
-        without ``Loss``.
-    GraphNotDifferentiableError
-        When an operator on the way has no gradient.
+        Unknown, repeated or gradient-less names (or in both lists), nothing to differentiate,
+        incompatible options or ``Loss`` arguments, a loss that is not a scalar; an operator
+        without a gradient on the way (:class:`~ort_train_core.GraphNotDifferentiableError`).
 
     Examples
     --------
     >>> grad = onnx_derivative(model)  # doctest: +SKIP
     >>> sess = onnxruntime.InferenceSession(grad.SerializeToString())  # doctest: +SKIP
-    >>> x_grad, w_grad = sess.run(None, {"X": x, "W": w, "Y_grad": dy})  # doctest: +SKIP
     """
-    if not isinstance(options, DerivativeOptions):
-        raise TypeError(
-            f"options must be a DerivativeOptions (e.g. DerivativeOptions.Zero), not {type(options).__name__}"
-        )
-    weight_names = _name_list(weights, "weights")
-    input_names = _name_list(inputs, "inputs")
     _check_options(options, loss, label)
+    weight_names, input_names = _name_list(weights, "weights"), _name_list(inputs, "inputs")
     model = normalise_model(onx)
     if options == DerivativeOptions.Loss:
         result = _loss_derivative(model, weight_names, input_names, loss, label)
@@ -166,7 +150,12 @@ def _name_list(names: str | Sequence[str] | None, what: str) -> list[str] | None
 
 
 def _check_options(options: DerivativeOptions, loss: str | None, label: str | Iterable[str] | None) -> None:
-    """Refuses the combinations onnxcustom refuses, with the reason."""
+    """Refuses what is not a DerivativeOptions and the combinations onnxcustom refuses, with
+    the reason."""
+    if not isinstance(options, DerivativeOptions):
+        raise TypeError(
+            f"options must be a DerivativeOptions (e.g. DerivativeOptions.Zero), not {type(options).__name__}"
+        )
     if options == DerivativeOptions.Loss:
         return
     loss_bits = int(DerivativeOptions.Loss)  # ints: mypy reads the members as disjoint literals

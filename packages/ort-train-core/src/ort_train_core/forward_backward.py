@@ -15,6 +15,7 @@ from . import _batchnorm as batchnorm
 from ._backends import default_backend
 from ._binding import DeviceArray, check_threads, io_binding, make_session, to_ortvalue
 from ._gradient import ForwardBackwardGraphs, ForwardBackwardRunner
+from ._ort_errors import onnxruntime_errors
 from ._runtime import Device, parse_device
 from .exceptions import GraphNotDifferentiableError
 from .graph import (
@@ -285,7 +286,8 @@ class OrtGradientForwardBackward:
         vin = pair.vector(feeds)
         out = pair.vector(())
         state = pair.new_state()
-        pair.run_forward(vin, out, state)
+        with onnxruntime_errors("in the training forward"):  # not its raw C++ text
+            pair.run_forward(vin, out, state)
         keep.append(vin)
         return out, PendingForward(state, keep, out)
 
@@ -320,7 +322,8 @@ class OrtGradientForwardBackward:
             binding.bind_ortvalue_input(name, ov)
         for name in self.output_names:
             binding.bind_output(name, self.device.ort_device)
-        self._inference.run_with_iobinding(binding, None)
+        with onnxruntime_errors("in the inference forward"):
+            self._inference.run_with_iobinding(binding, None)
         vec = binding.get_outputs()
         return [vec[i] for i in range(len(vec))]
 
@@ -371,7 +374,8 @@ class OrtGradientForwardBackward:
         pair = self._pair
         vin = pair.vector([ov for k, ov in enumerate(grad_values) if k not in skip] if skip else grad_values)
         out = pair.vector(())
-        pair.run_backward(vin, out, pending.state)
+        with onnxruntime_errors("in the backward"):
+            pair.run_backward(vin, out, pending.state)
         return out
 
 

@@ -21,8 +21,9 @@ from ._batchnorm import inference_form, running_statistics
 from ._builder import FLOAT_TYPES, NodeBuilder, unique_name
 from ._exported import export_notes, exporter_constants, warn_exported_graph
 from ._io import validate_model
-from .exceptions import GraphNotDifferentiableError
 from ._metadata import read_metadata
+from ._opset_errors import conversion_error
+from .exceptions import GraphNotDifferentiableError
 from .losses import BaseLearningLoss, BaseLearningPenalty, ElasticLearningPenalty, make_loss, reduce_rows
 
 __all__ = [
@@ -128,12 +129,8 @@ def normalise_model(model: ModelProto) -> ModelProto:
             from onnx import version_converter
 
             converted = version_converter.convert_version(model, target)
-        except Exception as exc:
-            raise ValueError(
-                f"the model uses opset {opset} of the default domain; onnxruntime 1.19 needs "
-                f"{MIN_OPSET} to {MAX_OPSET} and the conversion to {target} failed ({exc}). "
-                f"Export the model again with target_opset={target}."
-            ) from exc
+        except Exception as exc:  # in our words: the step and nodes, not onnx's C++ assertion
+            raise conversion_error(model, opset, target, exc) from exc
         _copy_meta(model, converted)
         model = converted
     if model.ir_version > MAX_IR_VERSION or model.ir_version == 0:
@@ -341,7 +338,19 @@ def _prediction(model: ModelProto, output_index: int) -> tuple[str, int, list[An
     pred_type, pred_shape = output_shape(model, pred)
     if pred_type not in FLOAT_TYPES:
         raise ValueError(f"output {pred!r} is not a float tensor: it cannot be the prediction of a loss")
+    check_output_size(pred, pred_shape)
     return pred, pred_type, pred_shape
+
+
+def check_output_size(name: str, shape: Sequence[Any]) -> None:
+    """Refuses an output with a dimension 0: it holds no values, so there is nothing to fit (the
+    gradient builder's Reshape fails on it at the first step)."""
+    if 0 in shape:
+        dims = "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
+        raise ValueError(
+            f"output {name!r} has shape {dims}: a dimension is 0, so it holds no values and there "
+            "is nothing to fit; check the model's last layer (its number of outputs)"
+        )
 
 
 def _check_new_names(taken: set[str], names: Sequence[str | None]) -> None:
@@ -644,7 +653,19 @@ def nothing_to_train_error(model: ModelProto, output: str) -> ValueError:
     ]
     if blocking:
         return GraphNotDifferentiableError(_blocking_message(blocking))
+    sparse = sorted({s.values.name for s in model.graph.sparse_initializer} & ancestors(model, [output])[0])
+    if sparse:
+        why = _sparse_not_trained(sparse)
+        return ValueError(f"output {output!r} depends on no dense float initializer: {why}")
     return ValueError(f"output {output!r} depends on no float initializer: there is nothing to train")
+
+
+def _sparse_not_trained(names: Sequence[str]) -> str:
+    return (
+        f"{', '.join(map(repr, names))} are sparse initializers, which are not trained (onnxruntime "
+        "updates dense tensors only); store them as dense initializers "
+        "(onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(sparse)...)) to train them"
+    )
 
 
 def default_weights_to_train(
@@ -726,6 +747,8 @@ def check_weights(
                 "with the node's momentum (as torch does), not a parameter; leave it out of "
                 "weights_to_train"
             )
+        if name not in inits and name in {s.values.name for s in model.graph.sparse_initializer}:
+            raise ValueError(f"weight {name!r} cannot be trained: {_sparse_not_trained([name])}")
         if name not in inits:
             raise ValueError(
                 f"weight {name!r} is not an initializer of the graph; initializers are {sorted(inits)}"

@@ -41,6 +41,7 @@ from .checkpoint import TrainingState
 from .graph import (
     add_loss_output,
     all_names,
+    check_output_size,
     default_penalized_weights,
     default_weights_to_train,
     initializers_to_inputs,
@@ -327,6 +328,7 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
         if key not in graphs.loss_gradients:
             pred = graphs.prediction.graph.output[self.output_index].name
             pred_type, pred_shape = output_shape(graphs.prediction, pred)
+            check_output_size(pred, pred_shape)
             model = build_loss_gradient_graph(self._loss(), pred_type, pred_shape, batch, self.reduction)
             # elementwise work on the predictions: the steps' one-thread rule, outputs as weights
             per_row = pred_shape[1:]

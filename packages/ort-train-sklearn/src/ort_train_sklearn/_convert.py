@@ -56,15 +56,22 @@ import numpy as np
 import onnx
 from onnx import ModelProto, NodeProto, TensorProto, helper, numpy_helper
 
-from ort_train_core import GraphNotDifferentiableError, describe_non_finite, load_model
+from ort_train_core import (
+    GraphNotDifferentiableError,
+    describe_non_finite,
+    load_model,
+    onnxruntime_errors,
+)
 from ort_train_core.graph import (
     all_names,
     ancestors,
+    check_output_size,
     default_weights_to_train,
     inference_form,
     initializer_values,
     normalise_model,
     nothing_to_train_error,
+    output_shape,
     prune_to_outputs,
     unique_name,
 )
@@ -329,13 +336,13 @@ def _from_onnx(
     model = normalise_model(model)
     x_name, sample = _features_and_sample(model, X_sample)
     kind, target = _detect_kind(model)
+    if target in {o.name for o in model.graph.output}:  # a ZipMap's input has no declared type
+        check_output_size(target, output_shape(model, target)[1])
     n_rows = _n_rows(sample)
     if expected_kind is not None and kind != expected_kind:
         raise ValueError(f"the converted graph looks like a {kind}, expected a {expected_kind}")
-    try:
+    with onnxruntime_errors("on the first row of X, checking the conversion", ValueError):
         reference = _run(_deterministic(_select_outputs(model, [target])), sample)
-    except Exception as exc:  # onnxruntime's errors have no common base class
-        raise ValueError(f"onnxruntime cannot run the model to check the conversion: {exc}") from exc
     work = _rewrite_ml_ops(_select_outputs(model, [target]))
     probability: str | None = None
     if as_logits and kind == "regressor":
@@ -556,6 +563,14 @@ def _detect_kind(model: ModelProto) -> tuple[str, str]:
     ]
     if len(floats) == 1 and len(labels) == 1 and len(g.output) == 2:
         return "classifier", floats[0].name
+    half_types = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
+    half = [o.name for o in tensor_outs if o.type.tensor_type.elem_type in half_types]
+    if half:
+        raise TypeError(
+            f"output(s) {half} are 16-bit floats: OnnxModelRegressor and OnnxModelClassifier train "
+            "float32 graphs; convert the graph to float32 (onnxconverter_common.float16."
+            "convert_float16_to_float32, or a float32 export), train it, then convert the result"
+        )
     desc = [(o.name, helper.printable_type(o.type)) for o in g.output]
     raise ValueError(
         "cannot tell what the graph predicts: a regressor has one float output, a classifier "
