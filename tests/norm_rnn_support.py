@@ -125,9 +125,11 @@ def data(n_features: int) -> tuple[np.ndarray, np.ndarray]:
     return X, y
 
 
-def torch_sgd(net: nn.Module, X: np.ndarray, y: np.ndarray) -> list[float]:
-    """torch's losses of each SGD step on the mean squared error, batches in row order."""
-    opt = torch.optim.SGD(net.parameters(), lr=LR)
+def torch_sgd(net: nn.Module, X: np.ndarray, y: np.ndarray, only: str | None = None) -> list[float]:
+    """torch's losses of each SGD step on the mean squared error, batches in row order;
+    ``only``: the prefix of the parameters trained (the others frozen)."""
+    params = [p for name, p in net.named_parameters() if only is None or name.startswith(only)]
+    opt = torch.optim.SGD(params, lr=LR)
     losses = []
     for _ in range(EPOCHS):
         for start in range(0, len(X), BATCH):

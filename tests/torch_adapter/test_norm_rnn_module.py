@@ -43,3 +43,14 @@ def test_onnx_module_trains_as_torch(kind: str, exporter: str) -> None:
         ours = {module.onnx_names[attr]: p.detach().numpy() for attr, p in module.named_parameters()}
         for name, param in net.named_parameters():
             np.testing.assert_allclose(ours[name], param.detach().numpy(), atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("kind", ["bilstm", "bigru"])
+def test_frozen_bidirectional_layer_under_a_trained_head(kind: str) -> None:
+    """Only the head trained: onnxruntime swapped the frozen bidirectional layer for its
+    forward-only training kernel, and OnnxModule failed at its first forward."""
+    net = make_net(kind)
+    X, y = data(net.n_features)
+    model = export(copy.deepcopy(net), torch.from_numpy(X[:BATCH]), "torchscript")
+    module = OnnxModule(model, weights_to_train=["fc.weight", "fc.bias"])
+    np.testing.assert_allclose(torch_sgd(module, X, y), torch_sgd(net, X, y, only="fc."), rtol=1e-4)

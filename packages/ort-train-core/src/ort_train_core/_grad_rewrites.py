@@ -78,7 +78,7 @@ from onnx import ModelProto, helper, numpy_helper
 
 from ._auto_pad import is_same_conv, same_pads, with_pads
 from ._builder import NodeBuilder
-from ._grad_rewrites_norm_rnn import group_norm, instance_norm, recurrent
+from ._grad_rewrites_norm_rnn import ALWAYS_REWRITTEN, group_norm, instance_norm, recurrent
 from .exceptions import GraphNotDifferentiableError
 from .graph import all_names, ancestors, cut_frozen_control_flow, infer_without_data
 
@@ -125,6 +125,8 @@ def rewrite_for_gradient(model: ModelProto, differentiated: Sequence[str]) -> Mo
             reached.update(node.output)
             if node.op_type in _REWRITERS and node.domain in ("", "ai.onnx"):
                 found.add(k)
+        elif node.op_type in ALWAYS_REWRITTEN and node.domain in ("", "ai.onnx"):
+            found.add(k)  # the module graph builder swaps every LSTM/GRU for its training kernel
     if not found:
         return model
     infos = _value_infos(model, {i for k in found for i in nodes[k].input if i})

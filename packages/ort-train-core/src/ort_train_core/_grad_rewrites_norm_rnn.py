@@ -118,13 +118,17 @@ _RECURRENT = {
 _STATES = (5, 6)
 
 
-def _check_recurrent(node: onnx.NodeProto, attrs: dict[str, Any]) -> None:
-    """Refuses what the training build's LSTM/GRU kernels do not compute, naming the node."""
-    from ._grad_rewrites import _operator  # that module imports this one
+#: the operators rewritten even where no differentiated value reaches them: onnxruntime's module
+#: graph builder swaps every LSTM/GRU for its forward-only training kernel (a frozen
+#: bidirectional layer failed at session creation on the partial loop and OnnxModule)
+ALWAYS_REWRITTEN = frozenset(_RECURRENT)
 
+
+def _unsupported(node: onnx.NodeProto, attrs: dict[str, Any]) -> list[str]:
+    """What the training build's LSTM/GRU kernels do not compute, of what ``node`` uses."""
     defaults = _RECURRENT[node.op_type][3]
     names = [a.decode().lower() for a in attrs.get("activations", [])]
-    unsupported = [
+    return [
         what
         for what, bad in (
             ("sequence_lens (sequences of several lengths)", len(node.input) > 4 and bool(node.input[4])),
@@ -134,13 +138,19 @@ def _check_recurrent(node: onnx.NodeProto, attrs: dict[str, Any]) -> None:
         )
         if bad
     ]
-    if unsupported:
-        raise GraphNotDifferentiableError(
-            f"{_operator(node)}: onnxruntime-training's {node.op_type} gradient does not compute "
-            f"{' and '.join(unsupported)}; export the layer without them (pad the sequences to one "
-            f"length; default activations {', '.join(defaults)}), or leave the weights before the node "
-            "out of weights_to_train"
-        )
+
+
+def _refusal(node: onnx.NodeProto, unsupported: list[str]) -> GraphNotDifferentiableError:
+    """The error naming the node and what its kernels do not compute."""
+    from ._grad_rewrites import _operator  # that module imports this one
+
+    defaults = _RECURRENT[node.op_type][3]
+    return GraphNotDifferentiableError(
+        f"{_operator(node)}: onnxruntime-training's {node.op_type} gradient does not compute "
+        f"{' and '.join(unsupported)}; export the layer without them (pad the sequences to one "
+        f"length; default activations {', '.join(defaults)}), or leave the weights before the node "
+        "out of weights_to_train"
+    )
 
 
 def recurrent(b: NodeBuilder, node: onnx.NodeProto, graph: _Graph) -> None:
@@ -148,7 +158,11 @@ def recurrent(b: NodeBuilder, node: onnx.NodeProto, graph: _Graph) -> None:
     the module's docstring). Leaves ``b.nodes`` empty for a node already of that form."""
     arity, _, n_outputs, _ = _RECURRENT[node.op_type]
     attrs = _attrs(node)
-    _check_recurrent(node, attrs)
+    unsupported = _unsupported(node, attrs)
+    if unsupported:
+        if any(i in graph.reached for i in node.input if i):
+            raise _refusal(node, unsupported)
+        return  # frozen: no gradient runs through it, and rewritten it would compute other values
     direction = attrs.get("direction", b"forward").decode()
     layout = int(attrs.get("layout", 0))
     inputs = list(node.input) + [""] * (arity - len(node.input))
@@ -213,7 +227,7 @@ def _one_direction(
 
 def _forward_node(node: onnx.NodeProto, inputs: list[str], outputs: list[str], name: str) -> onnx.NodeProto:
     """``node`` on other inputs and outputs: forward, layout 0, its other attributes kept (the
-    activations, default ones after :func:`_check_recurrent`, left out: they are listed per
+    activations, default ones after :func:`_unsupported`, left out: they are listed per
     direction)."""
     new = helper.make_node(node.op_type, inputs, outputs, name=name)
     skipped = {"direction", "layout", "activations", "activation_alpha", "activation_beta"}
