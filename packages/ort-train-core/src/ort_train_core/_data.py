@@ -657,7 +657,9 @@ class BatchStore:
             and not resident
             and sum(a.nbytes for a in arrays) <= EPOCH_GATHER_MAX_BYTES
         ):
-            self._epoch_copies = [np.empty_like(a) for a in arrays]
+            # copies, not empty: the partial loop's sizing forward reads batch 0 before the
+            # first load(), and garbage int64 ids failed its Gather ("out of data bounds")
+            self._epoch_copies = [np.array(a, copy=True) for a in arrays]
         #: whether the fit loop must call fill(i) before step i
         self.gathers = (shuffle or sparse) and not self._epoch_copies
         if sparse and not shuffle:
@@ -665,7 +667,10 @@ class BatchStore:
         if not resident:
             gathers = self.gathers
             rows = self.bounds[0][1] - self.bounds[0][0] if self.bounds and gathers else 0
-            self.buffers = [np.empty((rows, *a.shape[1:]), dtype=a.dtype) for a in arrays] if gathers else []
+            # the first rows (not empty memory): a forward may run before the first fill()
+            self.buffers = (
+                [np.array(dense_rows(a, slice(0, rows)), dtype=a.dtype) for a in arrays] if gathers else []
+            )
             sliced = self._epoch_copies or arrays
             for s, e in self.bounds:
                 views = [buf[: e - s] for buf in self.buffers] if gathers else [a[s:e] for a in sliced]
