@@ -41,6 +41,9 @@ listed here:
 * ``LayerNormalization`` without its optional ``Mean``/``InvStdDev`` outputs (both torch
   exporters leave them out): onnxruntime's gradient reads them and fails an assertion that
   names neither node nor operator. The two outputs are added.
+* ``Dropout`` without its optional ``mask`` output (the dynamo exporter's, in training mode): the
+  gradient builders failed with onnxruntime's bare "was false." (its gradient reads the mask).
+  The output is added.
 * ``BatchNormalization`` in training mode: ``GradientGraphBuilder`` (the fused step) has no
   gradient for it; onnxruntime's ``com.microsoft.BatchNormInternal`` (what its module graph
   builder writes itself) computes the same ``Y`` and has one. Its running statistics are
@@ -394,6 +397,18 @@ def _layer_norm_outputs(b: NodeBuilder, node: onnx.NodeProto, graph: _Graph) -> 
     b.nodes.append(new)
 
 
+def _dropout_mask(b: NodeBuilder, node: onnx.NodeProto, graph: _Graph) -> None:
+    """Dropout with its optional ``mask`` output, which onnxruntime's gradient reads: the
+    dynamo exporter writes a training-mode Dropout with its output only, and both gradient
+    builders then failed an assertion whose whole text is "was false."."""
+    if len(node.output) > 1 and node.output[1]:
+        return
+    outputs = [node.output[0], b.name("dropout_mask")]
+    new = helper.make_node("Dropout", list(node.input), outputs, name=node.name or b.name("n_Dropout"))
+    new.attribute.extend(node.attribute)
+    b.nodes.append(new)
+
+
 def _batch_norm(b: NodeBuilder, node: onnx.NodeProto, graph: _Graph) -> None:
     """BatchNormalization as com.microsoft.BatchNormInternal in training mode (inputs X, scale,
     B, input_mean, input_var; outputs Y, running_mean, running_var, saved_mean,
@@ -442,6 +457,7 @@ _REWRITERS: dict[str, Rewriter] = {
     "Pow": _pow,
     "Where": _where,
     "Conv": _same_conv,
+    "Dropout": _dropout_mask,
     "InstanceNormalization": instance_norm,
     "GroupNormalization": group_norm,
     "LSTM": recurrent,
