@@ -94,7 +94,9 @@ def test_untrusted_data_loss_name_is_ignored_with_a_warning(case: str, why: str)
         forged.graph.node.append(
             helper.make_node("Constant", [], ["const_out"], value_float=0.5, name="forged_constant")
         )
-    with pytest.warns(UserWarning, match=rf"ignoring the model's metadata 'ort_train\.data_loss_name'.*{why}"):
+    with pytest.warns(
+        UserWarning, match=rf"ignoring the model's metadata 'ort_train\.data_loss_name'.*{why}"
+    ):
         got, penalised = _fit_validation_loss(forged)
     # without a trusted data loss the validation loss is the whole objective, penalty included
     np.testing.assert_allclose(got, penalised, rtol=1e-5)
