@@ -435,6 +435,38 @@ def _build_failure(text: str, what: str) -> str:
     )
 
 
+def check_outputs_not_inputs(model: ModelProto) -> None:
+    """Refuses a graph output that is also a graph input or an initializer, naming it.
+
+    onnxruntime-training's module graph builder (partial loop, ``OrtGradientForwardBackward``,
+    OnnxModule) fails on such an output with its bare "grad_node_arg != nullptr was false.", and
+    the process dies (segmentation fault) when that input requires a gradient. The full loop's
+    builder handles it.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The graph given to the forward/backward builder.
+
+    Raises
+    ------
+    GraphNotDifferentiableError
+        Naming the first such output.
+    """
+    g = model.graph
+    sources = {i.name: "input" for i in g.input}
+    sources.update((i.name, "initializer") for i in g.initializer if i.name not in sources)
+    for out in g.output:
+        if out.name in sources:
+            raise GraphNotDifferentiableError(
+                f"graph output {out.name!r} is also a graph {sources[out.name]}, which "
+                "onnxruntime-training's forward/backward builder (partial loop, "
+                "OrtGradientForwardBackward, OnnxModule) cannot differentiate: remove that output, or "
+                f"output a copy (an Identity node reading {out.name!r} with a new name); the full loop "
+                "(OrtGradientOptimizer) trains the graph as it is"
+            )
+
+
 def _module_graphs(
     model: ModelProto,
     weights: Sequence[str],
@@ -442,6 +474,7 @@ def _module_graphs(
     types: Mapping[str, int],
 ) -> ForwardBackwardGraphs:
     """onnxruntime-training's OrtModuleGraphBuilder; the weight order is the caller's."""
+    check_outputs_not_inputs(model)
     for out in model.graph.output:
         check_differentiable(model, weights, out.name, types)
     cfg = ort_capi.OrtModuleGraphBuilderConfiguration()
