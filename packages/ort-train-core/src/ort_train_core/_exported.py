@@ -195,12 +195,20 @@ def batchnorm_maybe_folded(model: ModelProto) -> bool:
     Returns
     -------
     bool
-        True for a graph whose producer is pytorch with Conv/ConvTranspose and no BatchNorm.
+        True for a graph whose producer is pytorch with Conv/ConvTranspose and no normalisation
+        (BatchNorm, InstanceNorm, GroupNorm or LayerNorm).
     """
     if not _from_torch(model):
         return False
     ops = {node.op_type for node in model.graph.node}
-    return bool(ops & {"Conv", "ConvTranspose"}) and not ops & {"BatchNormalization", "BatchNormInternal"}
+    # a network normalised otherwise (GroupNorm and InstanceNorm export to InstanceNormalization)
+    # most likely had no BatchNorm: no note for it
+    normalised = {"BatchNormalization", "BatchNormInternal", *_OTHER_NORMALISATIONS}
+    return bool(ops & {"Conv", "ConvTranspose"}) and not ops & normalised
+
+
+#: normalisations a convolutional network uses instead of BatchNorm
+_OTHER_NORMALISATIONS = ("InstanceNormalization", "GroupNormalization", "LayerNormalization")
 
 
 def export_notes(model: ModelProto, weights: Sequence[str]) -> list[str]:
