@@ -211,3 +211,22 @@ def test_onnx_derivative_is_at_most_60_lines() -> None:
     }
     assert lengths["onnx_derivative"] <= 60
     assert max(lengths.values()) <= 60
+
+
+def test_sparse_initializer_beside_dense_weights_is_left_untrained_with_a_warning() -> None:
+    model = _sparse_coef()
+    add = next(n for n in model.graph.node if n.op_type == "Identity")
+    add.op_type = "Add"  # the dense intercept back: it trains, the sparse coef does not
+    add.input.append("intercept")
+    trainer = OrtGradientOptimizer(add_loss_output(model), max_iter=1, batch_size=8, learning_rate=0.1)
+    # before: the intercept alone trained, silently
+    message = r"only the dense weights train: 'coef' are sparse initializers, which are not trained"
+    with pytest.warns(UserWarning, match=message):
+        trainer.fit(X, Y)
+    state = trainer.get_state()
+    assert list(state) == ["intercept"]
+    # one full-batch SGD step on the mean squared error (add_loss_output's 'mean'): numpy's
+    b0 = numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == "intercept"))
+    pred = X @ np.arange(3.0).reshape(3, 1) + b0
+    expected = b0 - 0.1 * 2 * np.mean(pred - Y)
+    np.testing.assert_allclose(state["intercept"], expected, rtol=1e-5)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -694,7 +695,12 @@ def default_weights_to_train(
     names = [loss_name] if isinstance(loss_name, str) else loss_name
     deps, _ = differentiable_ancestors(model, names, types)
     constants = exporter_constants(model)
-    return [name for name in float_initializers(model) if name in deps and name not in constants]
+    weights = [name for name in float_initializers(model) if name in deps and name not in constants]
+    sparse = sorted({s.values.name for s in model.graph.sparse_initializer} & deps)
+    if sparse and weights:  # with no dense weight, nothing_to_train_error says it
+        why = _sparse_not_trained(sparse)
+        warnings.warn(f"only the dense weights train: {why}", UserWarning, stacklevel=2)
+    return weights
 
 
 def default_penalized_weights(model: ModelProto, weights: Iterable[str]) -> list[str]:
