@@ -559,23 +559,25 @@ def shaped_max_pool_grads(model: ModelProto) -> ModelProto:
             nodes.append(node)
             continue
         b.nodes = []
-        dy, indices = node.input[0], node.input[1]
-        x = pooled[indices]
-        zero = np.zeros(1, dtype=helper.tensor_dtype_to_np_dtype(elem_types.get(dy, onnx.TensorProto.FLOAT)))
-        x_flat = b.op("Reshape", [x, flat], "x_flat")
-        zeros = b.op(
-            "ConstantOfShape", [b.op("Shape", [x_flat], "size")], "zeros", value=numpy_helper.from_array(zero)
-        )
-        rows = [b.op("Reshape", [name, flat], hint) for name, hint in ((indices, "indices"), (dy, "dy"))]
-        dx_flat = b.op("ScatterElements", [zeros, *rows], "dx_flat", axis=0, reduction="add")
-        shape = b.op("Shape", [x], "x_shape")
-        b.nodes.append(
-            helper.make_node("Reshape", [dx_flat, shape], [node.output[0]], name=b.name("n_Reshape"))
-        )
+        dtype = helper.tensor_dtype_to_np_dtype(elem_types.get(node.input[0], onnx.TensorProto.FLOAT))
+        _scatter_max_pool_grad(b, node, pooled[node.input[1]], flat, dtype)
         nodes.extend(b.nodes)
     del out.graph.node[:]
     out.graph.node.extend(nodes)
     return out
+
+
+def _scatter_max_pool_grad(b: NodeBuilder, node: onnx.NodeProto, x: str, flat: str, dtype: Any) -> None:
+    """MaxPoolGrad(dY, indices) as Reshape(ScatterElements(zeros, indices, dY, 'add'),
+    Shape(x)) on the flattened tensors, ``x`` MaxPool's input, into ``b.nodes``."""
+    dy, indices = node.input[0], node.input[1]
+    x_flat = b.op("Reshape", [x, flat], "x_flat")
+    zero = numpy_helper.from_array(np.zeros(1, dtype=dtype))
+    zeros = b.op("ConstantOfShape", [b.op("Shape", [x_flat], "size")], "zeros", value=zero)
+    rows = [b.op("Reshape", [name, flat], hint) for name, hint in ((indices, "indices"), (dy, "dy"))]
+    dx_flat = b.op("ScatterElements", [zeros, *rows], "dx_flat", axis=0, reduction="add")
+    shape = b.op("Shape", [x], "x_shape")
+    b.nodes.append(helper.make_node("Reshape", [dx_flat, shape], [node.output[0]], name=b.name("n_Reshape")))
 
 
 def fold_static_shapes(model: ModelProto) -> ModelProto:
@@ -671,6 +673,14 @@ def fold_broadcast_gradients(model: ModelProto) -> ModelProto:
     out.CopyFrom(model)
     g = out.graph
     consts = _constants(out)  # the shapes and axes: integer initializers, Constant nodes
+    _fold_broadcast_args(g, consts)
+    _drop_shape_preserving(out, consts)
+    return out
+
+
+def _fold_broadcast_args(g: onnx.GraphProto, consts: dict[str, np.ndarray]) -> None:
+    """Replaces each ``BroadcastGradientArgs`` of two constant shapes by two constant axis
+    lists (also recorded in ``consts``)."""
     folded: list[onnx.NodeProto] = []
     for node in g.node:
         if node.op_type == "BroadcastGradientArgs" and all(i in consts for i in node.input):
@@ -686,6 +696,12 @@ def fold_broadcast_gradients(model: ModelProto) -> ModelProto:
             folded.append(node)
     del g.node[:]
     g.node.extend(folded)
+
+
+def _drop_shape_preserving(out: ModelProto, consts: Mapping[str, np.ndarray]) -> None:
+    """Turns the ReduceSum/Reshape/Expand nodes that keep their input's shape into Identity,
+    and feeds an Expand's input straight to the broadcasting readers that give the same shape."""
+    g = out.graph
     shapes, _ = _static_shapes(out)
     readers: dict[str, list[onnx.NodeProto]] = {}
     for node in g.node:
@@ -704,7 +720,6 @@ def fold_broadcast_gradients(model: ModelProto) -> ModelProto:
             node.op_type, node.domain = "Identity", ""
         elif node.op_type == "Expand" and node.output[0] not in graph_outputs:
             _bypass_expand(node, readers.get(node.output[0], []), shapes)
-    return out
 
 
 #: constants up to this many values are read to find those of ones (fold_unit_factors)
