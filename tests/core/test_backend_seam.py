@@ -15,7 +15,7 @@ from ort_train_core._gradient import GradientBackend
 
 PACKAGE = pathlib.Path(ort_train_core.__file__).parent
 #: the modules that make up onnxruntime-training's backend (they may import each other)
-BACKEND_MODULES = {"_ort_training", "_grad_rewrites"}
+BACKEND_MODULES = {"_ort_training", "_grad_rewrites", "_grad_rewrites_norm_rnn"}
 
 
 def _imported_modules(path: pathlib.Path) -> set[str]:
