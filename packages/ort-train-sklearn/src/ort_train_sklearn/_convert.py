@@ -150,6 +150,16 @@ class TrainableGraph:
         return "cross_entropy" if self.kind == "classifier" else "squared_error"
 
 
+def _parse_model(data: bytes | bytearray | memoryview) -> ModelProto:
+    """A serialised ONNX model parsed, with a clear error for other bytes."""
+    proto = ModelProto()
+    try:
+        proto.ParseFromString(bytes(data))
+    except Exception as exc:  # protobuf's DecodeError
+        raise ValueError(f"the bytes are not a serialised ONNX model ({exc})") from exc
+    return proto
+
+
 def to_trainable_graph(
     model: Any, X_sample: Any = None, *, kind: str | None = None, classes: Any = None
 ) -> TrainableGraph:
@@ -198,12 +208,7 @@ def to_trainable_graph(
     if isinstance(model, ModelProto):
         return _from_onnx(model, X_sample, classes=labels, as_logits=as_logits)
     if isinstance(model, (bytes, bytearray, memoryview)):
-        proto = ModelProto()
-        try:
-            proto.ParseFromString(bytes(model))
-        except Exception as exc:  # protobuf's DecodeError
-            raise ValueError(f"the bytes are not a serialised ONNX model ({exc})") from exc
-        return _from_onnx(proto, X_sample, classes=labels, as_logits=as_logits)
+        return _from_onnx(_parse_model(model), X_sample, classes=labels, as_logits=as_logits)
     if isinstance(model, (str, os.PathLike)):
         # untrusted files: external data must stay in the model's folder, clear parse errors
         return _from_onnx(load_model(model), X_sample, classes=labels, as_logits=as_logits)
