@@ -44,8 +44,8 @@ def test_trainers_of_one_architecture_share_fused_graphs(monkeypatch, make_linea
     graphs of the first without building them again, and still follows its own numpy
     trajectory."""
     import ort_train_core
-    from ort_train_core._cache import LRUCache
     from ort_train_core._backends import default_backend
+    from ort_train_core._cache import LRUCache
 
     built: list[int] = []
     backend_type = type(default_backend())
