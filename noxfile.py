@@ -37,7 +37,13 @@ def _install_core(session: nox.Session, device: str = "cpu") -> None:
 # what each distribution's tests need beside the distribution itself: torch only where it is the
 # point, so that a missing dependency of one adapter cannot hide behind another's install
 TEST_SUITES = {
-    "core": (["ort-train-core"], ["scikit-learn", "skl2onnx", TORCH, ONNXSCRIPT], "tests/core"),
+    # core's tests check a fix on every route, the scikit-learn estimators and OnnxModule
+    # included (issue 26): the scikit-learn adapter everywhere, the torch one where torch is
+    "core": (
+        ["ort-train-core", "ort-train-sklearn"],
+        ["scikit-learn", "skl2onnx", TORCH, ONNXSCRIPT, "transformers; python_version == '3.11'"],
+        "tests/core",
+    ),
     "sklearn": (["ort-train-core", "ort-train-sklearn"], [], "tests/sklearn_adapter"),
     # torch first, pinned: the adapter's own `torch>=2.1` would otherwise fetch a CUDA build
     "torch": (["ort-train-core", "ort-train-torch"], [TORCH, ONNXSCRIPT], "tests/torch_adapter"),
@@ -68,11 +74,13 @@ def tests(session: nox.Session, package: str, device: str) -> None:
     if package in _TORCH_SUITES and session.python != "3.11":
         session.skip("torch==2.13.0 (CPU build) is provided for Python 3.11 only on this machine class")
     (core, *adapters), extra, folder = TEST_SUITES[package]
-    if package in _TORCH_SUITES:
-        session.install(TORCH)
+    if package in (*_TORCH_SUITES, "core"):
+        session.install(TORCH)  # (its marker installs nothing off 3.11)
     session.install("-e", f"packages/{core}[{device}]")
     for dist in adapters:
         session.install("-e", f"packages/{dist}")
+    if package == "core" and session.python == PRIMARY_PYTHON:
+        session.install("-e", "packages/ort-train-torch")
     session.install("pytest>=8", "hypothesis", *extra)
     args = session.posargs or [folder]
     marker = ["-m", "cuda"] if device == "cuda" else []
