@@ -399,6 +399,10 @@ def test_inspect_reports_trainable(name: str, exporter: str, tmp_path: Any) -> N
 #: the networks trained with real dropout (p=0.5): the zoo's Conv1d net exported by TorchScript,
 #: and the shared-layer MLP exported by dynamo (one-output Dropout nodes, issue 26 item 15)
 DROPOUT_NETWORKS = (("conv1d", "torchscript"), ("dropout_mlp", "dynamo"))
+#: (epochs, steps averaged at each end) per network: the MLP's three Dropout(0.5) layers on random
+#: labels make its step losses noisy (0.96 to 1.25), and its masks depend on what the process ran
+#: before; 40 epochs put the decrease (0.29) several noise widths apart
+TREND_STEPS = {"conv1d": (20, 3), "dropout_mlp": (40, 5)}
 
 
 def _dropout_cases() -> list[Any]:
@@ -427,9 +431,10 @@ def test_trains_with_dropout(name: str, exporter: str, route: str) -> None:
     with warnings.catch_warnings():
         if expects_export_warning(name, exporter) and EXPORTED_GRAPH_WARNING is not None:
             warnings.simplefilter("ignore", category=EXPORTED_GRAPH_WARNING)
-        losses, trained = RUNNERS[route](name, model, None, 20)
+        epochs, k = TREND_STEPS[name]
+        losses, trained = RUNNERS[route](name, model, None, epochs)
     assert np.isfinite(losses).all()
-    assert np.mean(losses[-3:]) < np.mean(losses[:3]), losses
+    assert np.mean(losses[-k:]) < np.mean(losses[:k]), losses
     first = _session_outputs(trained, inputs)
     assert np.isfinite(first).all()
     np.testing.assert_array_equal(_session_outputs(trained, inputs), first)
