@@ -185,25 +185,8 @@ class OrtTrainingBackend:
         if device.kind == "cpu" and weights:
             elem_type = types.get(weights[0], onnx.TensorProto.FLOAT)
             graphs.gradient_model = cpu_gradient_rewrites(graphs.gradient_model, elem_type)
-        # a grouped ConvGrad reads its input after the memory pattern gave that buffer away
-        reuse_memory = reuse_memory and not _grouped_conv_grad(graphs.gradient_model)
         session = make_session(graphs.gradient_model, device, threads=threads, reuse_memory=reuse_memory)
         return TrainingAgentRunner(graphs, session, device)
-
-
-def _grouped_conv_grad(model: ModelProto) -> bool:
-    """Whether the gradient graph holds a ``ConvGrad`` of a grouped Conv (``group > 1``).
-
-    With onnxruntime's memory pattern on, such a ConvGrad whose input is an activation (not a
-    graph input) reads it from a buffer already reused: a depthwise Conv1d's weight gradient
-    was off by 1.0 relative against torch in the partial loop (fixed batch, memory reused),
-    different from run to run, while the same pair without the memory pattern
-    (``OrtGradientForwardBackward``) and the fused step were exact. Such pairs run without it.
-    """
-    return any(
-        n.op_type == "ConvGrad" and any(a.name == "group" and a.i > 1 for a in n.attribute)
-        for n in model.graph.node
-    )
 
 
 class TrainingAgentRunner:
