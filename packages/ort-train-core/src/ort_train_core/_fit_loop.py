@@ -348,7 +348,8 @@ class BaseOrtTrainer(ParamsMixin):
         ValueError, TypeError
             Invalid parameters or data.
         """
-        return self._fit(X, y, sample_weight, X_val, y_val, sample_weight_val, resume=False)
+        with exclusive_fit(self, "fit"):
+            return self._fit(X, y, sample_weight, X_val, y_val, sample_weight_val, resume=False)
 
     def resume(
         self,
@@ -395,7 +396,8 @@ class BaseOrtTrainer(ParamsMixin):
         """
         if self._checkpoint_path() is None:
             raise ValueError("resume reads checkpoint_dir/checkpoint.npz: set checkpoint_dir")
-        return self._fit(X, y, sample_weight, X_val, y_val, sample_weight_val, resume=True)
+        with exclusive_fit(self, "resume"):
+            return self._fit(X, y, sample_weight, X_val, y_val, sample_weight_val, resume=True)
 
     def prepare(
         self,
@@ -447,19 +449,6 @@ class BaseOrtTrainer(ParamsMixin):
         return BatchStore(arrays, int(self.batch_size), device, bool(self.shuffle))
 
     def _fit(
-        self,
-        X: Any,
-        y: Any,
-        sample_weight: Any,
-        X_val: Any,
-        y_val: Any,
-        sample_weight_val: Any,
-        resume: bool,
-    ) -> BaseOrtTrainer:
-        with exclusive_fit(self, "resume" if resume else "fit"):
-            return self._fit_alone(X, y, sample_weight, X_val, y_val, sample_weight_val, resume)
-
-    def _fit_alone(
         self,
         X: Any,
         y: Any,
