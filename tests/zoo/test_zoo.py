@@ -266,18 +266,9 @@ def _xfail(reasons: list[str]) -> list[Any]:
     return [pytest.mark.xfail(strict=True, reason="issue 17 " + "; ".join(reasons))] if reasons else []
 
 
-_GROUPED_CONV = (
-    "issue 26 item 1: in a two-block depthwise-separable net with residual adds (1x1, then "
-    "depthwise-pointwise-ReLU twice) OrtGradientForwardBackward, so OnnxModule, gives wrong "
-    "gradients, the same on each call: depthwise2.bias 0 (torch's up to 0.16), inp.weight 40 % "
-    "and inp.bias 15 % off, with a free or fixed batch, either exporter; the full and partial "
-    "loops (and the scikit-learn route) are exact since the fused step's session runs without "
-    "the memory pattern; groups=1 is exact on every route"
-)
-
 #: issue 26: the tests that do not pass yet, by test and pytest id, with what they wait for. They
 #: are left out of the suite (not xfailed) until the fix lands: delete an entry to run its test.
-PENDING: dict[str, str] = {f"trains_like_torch[tcn-{e}-module-all]": _GROUPED_CONV for e in zm.EXPORTERS}
+PENDING: dict[str, str] = {}
 
 
 def routes(name: str) -> tuple[str, ...]:

@@ -61,6 +61,12 @@ listed here:
   gradient came partly from uninitialised memory (off by 1.6 to 1e29 relative, grouped and
   depthwise convolutions included, different on each call). Written with explicit pads
   (``_auto_pad``); refused where they depend on a size the graph does not fix.
+* ``Conv`` with ``group > 1`` (grouped and depthwise): onnxruntime-training's grouped ConvGrad
+  (CPU) gave a two-block depthwise-separable net with residual adds wrong gradients, the same on
+  each call, but which tensors depended on the buffers' layout: a depthwise bias gradient 0
+  (torch's up to 0.16), the first layer's weight 40 % off; preallocated gradient outputs moved
+  the damage to the head's weight gradient, also 0. Written as one Conv per group (Split of the
+  input, weight and bias on the channel axis, Concat of the outputs): every route equals torch.
 
 Operators onnxruntime has no gradient for at all (CumSum, Softplus, GlobalMaxPool, ReduceMax,
 ...) are refused by the gradient builders with the operator's name and the fix.
@@ -444,6 +450,52 @@ def _same_conv(b: NodeBuilder, node: onnx.NodeProto, graph: _Graph) -> None:
     b.nodes.append(with_pads(node, pads))
 
 
+def _conv(b: NodeBuilder, node: onnx.NodeProto, graph: _Graph) -> None:
+    """A Conv with explicit pads (:func:`_same_conv`), split per group when grouped
+    (:func:`_split_groups`)."""
+    _same_conv(b, node, graph)
+    conv = b.nodes.pop() if b.nodes else node
+    if _attr(conv, "group", 1) > 1 and _split_groups(b, conv, graph):
+        return
+    if conv is not node:
+        b.nodes.append(conv)
+
+
+def _split_groups(b: NodeBuilder, conv: onnx.NodeProto, graph: _Graph) -> bool:
+    """``Conv(X, W, B, group=g)`` as ``Concat_i Conv(X_i, W_i, B_i)`` over the g channel groups
+    (the same values, exactly): onnxruntime-training's grouped ConvGrad is wrong (module
+    docstring). False, nothing written, when the weight's first two dimensions are not known."""
+    groups = int(_attr(conv, "group", 1))
+    dims = graph.infos.get(conv.input[1], (0, []))[1]
+    if len(dims) < 2 or dims[0] is None or dims[1] is None:
+        return False
+
+    def split(value: str, size: int, hint: str) -> list[str]:
+        parts = [b.name(f"{hint}{i}") for i in range(groups)]
+        sizes = b.int_const([size] * groups, f"{hint}_sizes")
+        b.nodes.append(
+            helper.make_node(
+                "Split", [value, sizes], parts, name=b.name("n_Split"), axis=1 if hint == "x" else 0
+            )
+        )
+        return parts
+
+    xs, ws = split(conv.input[0], dims[1], "x"), split(conv.input[1], dims[0] // groups, "w")
+    bs = split(conv.input[2], dims[0] // groups, "b") if len(conv.input) > 2 and conv.input[2] else None
+    attrs = [a for a in conv.attribute if a.name != "group"]
+    ys = []
+    for i in range(groups):
+        y = b.name(f"group_out{i}")
+        part = helper.make_node("Conv", [xs[i], ws[i], *([bs[i]] if bs else [])], [y], name=b.name("n_Conv"))
+        part.attribute.extend(attrs)
+        b.nodes.append(part)
+        ys.append(y)
+    b.nodes.append(
+        helper.make_node("Concat", ys, [conv.output[0]], name=conv.name or b.name("n_Concat"), axis=1)
+    )
+    return True
+
+
 _REWRITERS: dict[str, Rewriter] = {
     "BatchNormalization": _batch_norm,
     "HardSigmoid": _hard_sigmoid,
@@ -456,7 +508,7 @@ _REWRITERS: dict[str, Rewriter] = {
     "AveragePool": _average_pool,
     "Pow": _pow,
     "Where": _where,
-    "Conv": _same_conv,
+    "Conv": _conv,
     "Dropout": _dropout_mask,
     "InstanceNormalization": instance_norm,
     "GroupNormalization": group_norm,
