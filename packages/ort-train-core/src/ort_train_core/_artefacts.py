@@ -27,8 +27,8 @@ from onnx import GraphProto, ModelProto, NodeProto, numpy_helper
 
 from ._builder import FLOAT_TYPES
 
-_INPUT_SPEC_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
-_FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
+INPUT_SPEC_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
+FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
 _SIGNATURE = "pkg.torch.export.ExportedProgram.graph_signature"
 _FX_NODE = "pkg.torch.onnx.fx_node"
 #: a parameter line of the exported program's graph signature: placeholder and torch name
@@ -43,15 +43,26 @@ _MAX_TRANSPOSE_RANK = 4
 _MAX_GROUP = 64
 
 
-def _value_tags(model: ModelProto) -> dict[str, dict[str, str]]:
+def value_metadata(model: ModelProto, outputs: bool = True) -> dict[str, dict[str, str]]:
+    """The metadata of each value the graph declares (inputs, value infos, and outputs unless
+    ``outputs=False``): where the torch exporters write what they know of a tensor."""
     g = model.graph
-    values = [*g.input, *g.value_info, *g.output]
+    values = [*g.input, *g.value_info, *(g.output if outputs else [])]
     return {v.name: {p.key: p.value for p in v.metadata_props} for v in values}
+
+
+def literal_list(text: str) -> list[str]:
+    """A list the exporter wrote as Python text (``"['a', 'b']"``); [] when it is not one."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return []
+    return [str(v) for v in value] if isinstance(value, list) else []
 
 
 def _exporter_made(name: str, tags: dict[str, str]) -> bool:
     """Whether the exporter created the tensor (folded it) rather than holding a parameter."""
-    return _FOLDED_FROM in tags or name.startswith("onnx::")
+    return FOLDED_FROM in tags or name.startswith("onnx::")
 
 
 def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -163,11 +174,11 @@ def folded_copies(model: ModelProto, weights: Sequence[str]) -> list[tuple[str, 
         ``(copy, original, how)`` for each pair found.
     """
     arrays = _candidates(model, weights)
-    tags = _value_tags(model)
+    tags = value_metadata(model)
     found = []
     for a, b in _pairs(arrays):
         ta, tb = tags.get(a, {}), tags.get(b, {})
-        if ta.get(_INPUT_SPEC_KIND) == tb.get(_INPUT_SPEC_KIND) == "PARAMETER":
+        if ta.get(INPUT_SPEC_KIND) == tb.get(INPUT_SPEC_KIND) == "PARAMETER":
             continue  # two torch parameters: equal by the user's choice
         # the smaller is the slice; of equal sizes, the one the exporter made, else the later
         first = arrays[a].size < arrays[b].size or (_exporter_made(a, ta) and not _exporter_made(b, tb))
@@ -184,9 +195,9 @@ def folded_copies(model: ModelProto, weights: Sequence[str]) -> list[tuple[str, 
 def _folded_sources(model: ModelProto) -> dict[str, set[str]]:
     """The values dynamo folded from others (``folded_from``), with their sources."""
     out: dict[str, set[str]] = {}
-    for name, tags in _value_tags(model).items():
+    for name, tags in value_metadata(model).items():
         try:
-            value = ast.literal_eval(tags.get(_FOLDED_FROM, "None"))
+            value = ast.literal_eval(tags.get(FOLDED_FROM, "None"))
         except (ValueError, SyntaxError):
             continue
         if isinstance(value, list):

@@ -20,7 +20,6 @@ parameter it stands for.
 
 from __future__ import annotations
 
-import ast
 import re
 import warnings
 from collections.abc import Iterable, Sequence
@@ -28,12 +27,17 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from onnx import ModelProto, NodeProto
 
-from ._artefacts import artefact_notes, folded_constants
+from ._artefacts import (
+    FOLDED_FROM,
+    INPUT_SPEC_KIND,
+    artefact_notes,
+    folded_constants,
+    literal_list,
+    value_metadata,
+)
 from ._builder import FLOAT_TYPES
 from .exceptions import ExportedGraphWarning
 
-_INPUT_SPEC_KIND = "pkg.torch.export.graph_signature.InputSpec.kind"
-_FOLDED_FROM = "pkg.onnxscript.optimizer.folded_from"
 _NAME_SCOPES = "pkg.torch.onnx.name_scopes"
 #: the names the dynamo exporter gives the values it creates
 _EXPORTER_VALUE = re.compile(r"val_\d+")
@@ -43,21 +47,6 @@ ONE_TO_ONE_EXPORT = (
     "do_constant_folding=False)"
 )
 _SILENCE = "warnings.filterwarnings('ignore', category=ort_train_core.ExportedGraphWarning) silences this"
-
-
-def _value_metadata(model: ModelProto) -> dict[str, dict[str, str]]:
-    """The metadata of each value the graph declares (inputs, value infos, outputs)."""
-    g = model.graph
-    return {vi.name: {p.key: p.value for p in vi.metadata_props} for vi in [*g.input, *g.value_info]}
-
-
-def _literal_list(text: str) -> list[str]:
-    """A list the exporter wrote as Python text (``"['a', 'b']"``); [] when it is not one."""
-    try:
-        value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return []
-    return [str(v) for v in value] if isinstance(value, list) else []
 
 
 def exporter_constants(model: ModelProto) -> dict[str, str]:
@@ -78,13 +67,13 @@ def exporter_constants(model: ModelProto) -> dict[str, str]:
     dict of str to str
         Initializer name -> the reason it is not a parameter.
     """
-    meta = _value_metadata(model)
+    meta = value_metadata(model, outputs=False)
     out: dict[str, str] = {}
     for init in model.graph.initializer:
         if init.data_type not in FLOAT_TYPES:
             continue
         tags = meta.get(init.name, {})
-        kind = tags.get(_INPUT_SPEC_KIND)
+        kind = tags.get(INPUT_SPEC_KIND)
         if kind == "PARAMETER":
             continue
         if kind is not None:
@@ -100,7 +89,7 @@ def exporter_constants(model: ModelProto) -> dict[str, str]:
 
 
 def _folded_from_constants(tags: dict[str, str]) -> bool:
-    sources = _literal_list(tags.get(_FOLDED_FROM, ""))
+    sources = literal_list(tags.get(FOLDED_FROM, ""))
     return bool(sources) and all(_EXPORTER_VALUE.fullmatch(s) for s in sources)
 
 
@@ -118,7 +107,7 @@ def _module_path(node: NodeProto) -> str | None:
     TorchScript node name ``/a/b.0/Op``; None when the graph does not say."""
     for prop in node.metadata_props:
         if prop.key == _NAME_SCOPES:
-            scopes = _literal_list(prop.value)
+            scopes = literal_list(prop.value)
             return scopes[-2] if len(scopes) >= 2 else None
     if node.name.startswith("/") and node.name.count("/") >= 2:
         return node.name[1:].rsplit("/", 1)[0].replace("/", ".")
@@ -183,6 +172,19 @@ def _first(readers: list[str], shown: int = 4) -> str:
     return text if len(readers) <= shown else f"{text}... ({len(readers)} in all)"
 
 
+#: BatchNorm, and the normalisations a network uses instead (GroupNorm and InstanceNorm export to
+#: InstanceNormalization): a network normalised otherwise most likely had no BatchNorm to fold
+_NORMALISATIONS = frozenset(
+    {
+        "BatchNormalization",
+        "BatchNormInternal",
+        "InstanceNormalization",
+        "GroupNormalization",
+        "LayerNormalization",
+    }
+)
+
+
 def batchnorm_maybe_folded(model: ModelProto) -> bool:
     """Whether a graph from torch has convolutions but no BatchNormalization: the exporter may
     have folded BatchNorm layers into them (or the network had none).
@@ -201,14 +203,7 @@ def batchnorm_maybe_folded(model: ModelProto) -> bool:
     if not _from_torch(model):
         return False
     ops = {node.op_type for node in model.graph.node}
-    # a network normalised otherwise (GroupNorm and InstanceNorm export to InstanceNormalization)
-    # most likely had no BatchNorm: no note for it
-    normalised = {"BatchNormalization", "BatchNormInternal", *_OTHER_NORMALISATIONS}
-    return bool(ops & {"Conv", "ConvTranspose"}) and not ops & normalised
-
-
-#: normalisations a convolutional network uses instead of BatchNorm
-_OTHER_NORMALISATIONS = ("InstanceNormalization", "GroupNormalization", "LayerNormalization")
+    return bool(ops & {"Conv", "ConvTranspose"}) and not ops & _NORMALISATIONS
 
 
 def export_notes(model: ModelProto, weights: Sequence[str]) -> list[str]:

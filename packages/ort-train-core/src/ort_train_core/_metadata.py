@@ -17,8 +17,9 @@ from typing import Any
 
 from onnx import ModelProto
 
+from .losses import REDUCTIONS
+
 META_PREFIX = "ort_train."
-REDUCTIONS = ("mean", "sum", "row_mean")
 
 
 def _warn(key: str, reason: str) -> None:

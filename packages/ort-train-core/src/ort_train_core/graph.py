@@ -22,7 +22,7 @@ from ._batchnorm import inference_form, running_statistics
 from ._builder import FLOAT_TYPES, NodeBuilder, unique_name
 from ._exported import export_notes, exporter_constants, warn_exported_graph
 from ._io import validate_model
-from ._metadata import read_metadata
+from ._metadata import META_PREFIX, read_metadata
 from ._opset_errors import conversion_error
 from .exceptions import GraphNotDifferentiableError
 from .losses import BaseLearningLoss, BaseLearningPenalty, ElasticLearningPenalty, make_loss, reduce_rows
@@ -58,7 +58,6 @@ MIN_IR_VERSION = 4
 MAX_OPSET = 21
 #: The lowest default-domain opset a model is kept at (older ones are converted up).
 MIN_OPSET = 13
-META_PREFIX = "ort_train."
 
 #: hints for operators that have no gradient, keyed by (domain, op_type)
 _BLOCKING_HINTS = {
