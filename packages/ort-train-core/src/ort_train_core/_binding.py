@@ -349,8 +349,6 @@ def make_session(
     TypeError
         When an operator has no kernel for the graph's element types.
     """
-    # a grouped ConvGrad reads its input after the memory pattern gave that buffer away
-    reuse_memory = reuse_memory and not grouped_conv_grad(model)
     data = model.SerializeToString()
     key = (hashlib.sha256(data).digest(), str(device), threads, reuse_memory)
     return _SESSIONS.get_or_build(key, lambda: _new_session(model, data, device, threads, reuse_memory))
@@ -363,6 +361,9 @@ def _new_session(
     check_no_external_data(model)
     so = ort_capi.SessionOptions()
     so.log_severity_level = 4  # errors reach the caller as exceptions, in our words; not logged twice
+    # a grouped ConvGrad reads its input after the memory pattern gave that buffer away (only
+    # left where _grad_rewrites could not split the Conv per group: its weight's shape unknown)
+    reuse_memory = reuse_memory and not grouped_conv_grad(model)
     so.enable_mem_pattern = reuse_memory
     so.enable_mem_reuse = reuse_memory
     if threads:

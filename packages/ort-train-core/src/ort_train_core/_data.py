@@ -199,7 +199,8 @@ def sparse_as(name: str, value: Any, dtype: np.dtype) -> Any:
     """
     check_sparse_structure(name, value)  # before tocsr and the batches' row indexing read it
     csr = value.tocsr()  # ``value`` itself when it is CSR already
-    if csr is not value:  # LIL, DOK, DIA: only their CSR form has index arrays to check
+    if csr is not value and value.format not in ("csc", "bsr", "coo"):
+        # LIL, DOK, DIA: only their CSR form has index arrays to check (the others were above)
         check_sparse_structure(name, csr)
     data = _as_numeric(name, csr.data)
     _check_finite(name, data)
@@ -659,7 +660,10 @@ class BatchStore:
         ):
             # copies, not empty: the partial loop's sizing forward reads batch 0 before the
             # first load(), and garbage int64 ids failed its Gather ("out of data bounds")
-            self._epoch_copies = [np.array(a, copy=True) for a in arrays]
+            first = self.bounds[0][1] if self.bounds else 0
+            self._epoch_copies = [np.empty_like(a) for a in arrays]
+            for copy, a in zip(self._epoch_copies, arrays):
+                copy[:first] = a[:first]
         #: whether the fit loop must call fill(i) before step i
         self.gathers = (shuffle or sparse) and not self._epoch_copies
         if sparse and not shuffle:

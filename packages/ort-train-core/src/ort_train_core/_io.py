@@ -400,11 +400,6 @@ def nesting(model: onnx.ModelProto, source: str = "the model") -> tuple[int, int
     return depth, sum(n for _, n in called)  # the nodes the calls are replaced by
 
 
-def subgraph_depth(model: onnx.ModelProto) -> int:
-    """How deep control-flow subgraphs and function calls nest (0: none)."""
-    return nesting(model)[0]
-
-
 def _check_depth(model: onnx.ModelProto, source: str) -> None:
     depth, inlined = nesting(model, source)
     if depth > MAX_SUBGRAPH_DEPTH:
@@ -626,6 +621,11 @@ def validate_model(model: onnx.ModelProto, source: str = "the model") -> list[in
         defined nowhere; a cycle.
     """
     _check_depth(model, source)
+    return _validate_nested(model, source)
+
+
+def _validate_nested(model: onnx.ModelProto, source: str) -> list[int]:
+    """:func:`validate_model` once the nesting depth has been checked."""
     _check_utf8(model, source)
     for tensor in _model_tensors(model):
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
@@ -792,5 +792,5 @@ def load_model(
     _check_depth(proto, source)  # first: the walks below recurse into subgraphs
     if base_dir is not None:
         _inline_external_data(proto, source, base_dir)
-    validate_model(proto, source)
+    _validate_nested(proto, source)  # the depth was checked above
     return proto

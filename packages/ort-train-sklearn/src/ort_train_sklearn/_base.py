@@ -137,13 +137,6 @@ def _to_float32(name: str, values: Any, given: Any = None) -> np.ndarray:
     return out
 
 
-def _check_sparse_x(X: Any) -> None:
-    """A sparse X's index arrays checked before scikit-learn's validation converts it (a CSC or
-    COO matrix becomes CSR in native code that trusts them: malformed ones crash)."""
-    if is_sparse(X):
-        check_sparse_structure("X", X)
-
-
 #: values (rows x features) densified at once when a sparse X is predicted: 16 MiB of float32
 PREDICT_CHUNK_VALUES = 1 << 22
 
@@ -641,7 +634,9 @@ class OrtEstimatorMixin(BaseEstimator):
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
         """X in float32, y encoded (labels as class indices), the sample weights in float32
         (zero-weight rows dropped where the batch loss is a weighted mean) and n_outputs."""
-        _check_sparse_x(X)
+        # a sparse X's index arrays checked before scikit-learn's validation converts it (a CSC
+        # or COO matrix becomes CSR in native code that trusts them: malformed ones crash)
+        check_sparse_structure("X", X)
         given = X
         X, y = validate_data(
             self,
@@ -879,7 +874,9 @@ class OrtEstimatorMixin(BaseEstimator):
         """The graph's outputs on X; float outputs in X's float type (computed in float32),
         as scikit-learn keeps float32 inputs in float32 and returns float64 otherwise."""
         check_is_fitted(self, "_trainer")
-        _check_sparse_x(X)
+        # a sparse X's index arrays checked before scikit-learn's validation converts it (a CSC
+        # or COO matrix becomes CSR in native code that trusts them: malformed ones crash)
+        check_sparse_structure("X", X)
         given = X
         X = validate_data(
             self,
