@@ -431,13 +431,13 @@ def _batch_norm(b: NodeBuilder, node: onnx.NodeProto, graph: _Graph) -> None:
     b.nodes.append(new)
 
 
-def _same_conv(b: NodeBuilder, node: onnx.NodeProto, graph: _Graph) -> None:
+def _same_conv(node: onnx.NodeProto, graph: _Graph) -> onnx.NodeProto:
     """Conv with ``auto_pad`` SAME_UPPER/SAME_LOWER as the same Conv with explicit pads: the
     training build's ConvGrad ignores ``auto_pad`` and computes the weight gradient partly from
     uninitialised memory (``_auto_pad``). Refused when the pads depend on a size the graph does
-    not fix (a stride above 1)."""
+    not fix (a stride above 1). ``node`` itself when it has no SAME ``auto_pad``."""
     if not is_same_conv(node):
-        return
+        return node
     dims = [graph.infos[n][1] if n in graph.infos else None for n in node.input[:2]]
     pads = same_pads(node, *dims)
     if pads is None:
@@ -447,14 +447,13 @@ def _same_conv(b: NodeBuilder, node: onnx.NodeProto, graph: _Graph) -> None:
             "spatial size is not fixed and a stride is above 1; fix the input's shape, or export the "
             "convolution with explicit pads"
         )
-    b.nodes.append(with_pads(node, pads))
+    return with_pads(node, pads)
 
 
 def _conv(b: NodeBuilder, node: onnx.NodeProto, graph: _Graph) -> None:
     """A Conv with explicit pads (:func:`_same_conv`), split per group when grouped
     (:func:`_split_groups`)."""
-    _same_conv(b, node, graph)
-    conv = b.nodes.pop() if b.nodes else node
+    conv = _same_conv(node, graph)
     if _attr(conv, "group", 1) > 1 and _split_groups(b, conv, graph):
         return
     if conv is not node:
@@ -470,7 +469,7 @@ def _split_groups(b: NodeBuilder, conv: onnx.NodeProto, graph: _Graph) -> bool:
     if len(dims) < 2 or dims[0] is None or dims[1] is None:
         return False
 
-    def split(value: str, size: int, hint: str) -> list[str]:
+    def split(value: str, size: int, hint: str, axis: int) -> list[str]:
         parts = [b.name(f"{hint}{i}") for i in range(groups)]
         sizes = b.int_const([size] * groups, f"{hint}_sizes")
         b.nodes.append(
@@ -480,8 +479,8 @@ def _split_groups(b: NodeBuilder, conv: onnx.NodeProto, graph: _Graph) -> bool:
         )
         return parts
 
-    xs, ws = split(conv.input[0], dims[1], "x"), split(conv.input[1], dims[0] // groups, "w")
-    bs = split(conv.input[2], dims[0] // groups, "b") if len(conv.input) > 2 and conv.input[2] else None
+    xs, ws = split(conv.input[0], dims[1], "x", 1), split(conv.input[1], dims[0] // groups, "w", 0)
+    bs = split(conv.input[2], dims[0] // groups, "b", 0) if len(conv.input) > 2 and conv.input[2] else None
     attrs = [a for a in conv.attribute if a.name != "group"]
     ys = []
     for i in range(groups):

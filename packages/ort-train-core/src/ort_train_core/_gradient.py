@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import onnx
 from onnx import ModelProto, helper
 
+from ._backends import default_backend  # the chooser, not a backend
 from ._batchnorm import update_outputs
 from ._builder import NodeBuilder
 from ._runtime import Device
@@ -273,8 +274,6 @@ def build_loss_gradient_graph(
     model = _model(graph, max(17, MIN_OPSET))
     with_loss = add_loss_output(model, loss, weight_name="weight", reduction=reduction)
     with_loss = set_batch_dimension(with_loss, ["prediction", "label", "weight"], batch)
-    from ._backends import default_backend  # the chooser, not a backend
-
     grad = (backend or default_backend()).gradient_graph(with_loss, "loss", ["prediction"])
     kept = [o for o in grad.graph.output if o.name in ("loss", "prediction_grad")]
     del grad.graph.output[:]
@@ -368,8 +367,6 @@ def build_update_graph(
     (onnx.ModelProto, UpdateSignature)
         The graph and the names of its inputs and outputs.
     """
-    from ._backends import default_backend  # the chooser, not a backend
-
     model, pen_grads = _penalty_gradient_graph(weights, penalty, penalized, backend or default_backend())
     elem_type = weights[0][1]
     g = model.graph
