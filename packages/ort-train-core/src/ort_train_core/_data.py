@@ -609,6 +609,16 @@ def _gather_graph(arrays: list[np.ndarray]) -> Any:
 EPOCH_GATHER_MAX_BYTES = 32 << 20
 
 
+def _holding_first_rows(a: np.ndarray, bounds: list[tuple[int, int]]) -> np.ndarray:
+    """An epoch copy of ``a`` whose first batch holds ``a``'s first rows (load() fills the rest):
+    the partial loop's sizing forward reads batch 0 before the first load(), and garbage int64
+    ids failed its Gather ("out of data bounds")."""
+    copy = np.empty_like(a)
+    first = bounds[0][1] if bounds else 0
+    copy[:first] = a[:first]
+    return copy
+
+
 class BatchStore:
     """The training arrays on the device once per fit, cut into fixed batch views.
 
@@ -658,12 +668,7 @@ class BatchStore:
             and not resident
             and sum(a.nbytes for a in arrays) <= EPOCH_GATHER_MAX_BYTES
         ):
-            # copies, not empty: the partial loop's sizing forward reads batch 0 before the
-            # first load(), and garbage int64 ids failed its Gather ("out of data bounds")
-            first = self.bounds[0][1] if self.bounds else 0
-            self._epoch_copies = [np.empty_like(a) for a in arrays]
-            for copy, a in zip(self._epoch_copies, arrays):
-                copy[:first] = a[:first]
+            self._epoch_copies = [_holding_first_rows(a, self.bounds) for a in arrays]
         #: whether the fit loop must call fill(i) before step i
         self.gathers = (shuffle or sparse) and not self._epoch_copies
         if sparse and not shuffle:
