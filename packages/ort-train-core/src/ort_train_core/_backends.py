@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -19,9 +20,21 @@ if TYPE_CHECKING:
 #: backend name -> (module, class) implementing :class:`~._gradient.GradientBackend`
 BACKENDS: dict[str, tuple[str, str]] = {
     "onnxruntime-training": ("ort_train_core._ort_training", "OrtTrainingBackend"),
+    "onnx": ("ort_train_core.autodiff.backend", "OnnxBackend"),
 }
-#: the backend chosen when none is named (the only one the training build needs today)
-DEFAULT_BACKEND = "onnxruntime-training"
+#: the environment variable that names the backend chosen when none is named
+BACKEND_VARIABLE = "ORT_TRAIN_BACKEND"
+
+
+def default_backend_name() -> str:
+    """The backend chosen when none is named: ``$ORT_TRAIN_BACKEND`` when set, else the
+    training build's when it is installed, else ``'onnx'``."""
+    named = os.environ.get(BACKEND_VARIABLE, "").strip()
+    if named:
+        return named
+    from ._runtime import is_training_build, ort_capi
+
+    return "onnxruntime-training" if is_training_build(ort_capi) else "onnx"
 
 
 def get_backend(name: str | None = None) -> GradientBackend:
@@ -30,7 +43,7 @@ def get_backend(name: str | None = None) -> GradientBackend:
     Parameters
     ----------
     name : str or None, default=None
-        A key of :data:`BACKENDS`; None chooses :data:`DEFAULT_BACKEND`.
+        A key of :data:`BACKENDS`; None chooses :func:`default_backend_name`.
 
     Returns
     -------
@@ -42,7 +55,7 @@ def get_backend(name: str | None = None) -> GradientBackend:
     ValueError
         When ``name`` is not a registered backend.
     """
-    key = DEFAULT_BACKEND if name is None else name
+    key = default_backend_name() if name is None else name
     if key not in BACKENDS:
         raise ValueError(f"unknown gradient backend {name!r}: choose one of {sorted(BACKENDS)} (or None)")
     return _instance(key)

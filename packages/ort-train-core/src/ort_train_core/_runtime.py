@@ -76,12 +76,22 @@ def load_capi() -> Any:
         from onnxruntime.capi.build_and_package_info import package_name
     except ImportError:
         package_name = "unknown"
-    if package_name not in TRAINING_PACKAGES or not hasattr(capi, "GradientGraphBuilder"):
+    if not all(hasattr(capi, n) for n in ("InferenceSession", "OrtValue", "SessionIOBinding")):
         raise TrainingRuntimeError(
-            f"ort-train needs the training build of onnxruntime 1.19.2, but the imported "
-            f"onnxruntime is '{package_name}'. " + _fix_message(installed_onnxruntime_distributions())
+            f"the imported onnxruntime ('{package_name}') lacks its compiled bindings. "
+            + _fix_message(installed_onnxruntime_distributions())
         )
     return capi
+
+
+def is_training_build(capi: Any) -> bool:
+    """Whether ``capi`` (onnxruntime's bindings) is the training build, with its gradient
+    builders (the ``onnxruntime-training`` backend needs them; the ``onnx`` backend does not)."""
+    try:
+        from onnxruntime.capi.build_and_package_info import package_name
+    except ImportError:
+        package_name = "unknown"
+    return package_name in TRAINING_PACKAGES and hasattr(capi, "GradientGraphBuilder")
 
 
 #: onnxruntime's compiled Python bindings (``onnxruntime.capi._pybind_state``) of the training

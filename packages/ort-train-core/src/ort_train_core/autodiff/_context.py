@@ -1,0 +1,164 @@
+"""What a gradient rule sees: the node builder it writes with, the forward graph's static shapes,
+element types and constant values, and the helpers most rules share (undoing a broadcast,
+typed constants). Rules register in :data:`RULES` by operator type with :func:`rule`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from .._builder import NodeBuilder
+from ..exceptions import GraphNotDifferentiableError
+
+#: a rule: (context, forward node, one gradient per output or None) -> one gradient per input
+#: (None where the input gets none, or needs none: see :meth:`Context.needs`)
+Rule = Callable[["Context", onnx.NodeProto, list["str | None"]], Sequence["str | None"]]
+
+#: operator type (default domain) -> its gradient rule
+RULES: dict[str, Rule] = {}
+
+
+def rule(*op_types: str) -> Callable[[Rule], Rule]:
+    """Registers the decorated function as the gradient rule of ``op_types``."""
+
+    def register(fn: Rule) -> Rule:
+        for op in op_types:
+            RULES[op] = fn
+        return fn
+
+    return register
+
+
+def attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
+    """The value of ``node``'s attribute ``name`` (``default`` when absent)."""
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+class Context:
+    """The forward graph as the rules read it, and the builder they write the backward with.
+
+    Parameters
+    ----------
+    builder : NodeBuilder
+        Where the rules' nodes go (its names are unique in the whole graph).
+    shapes : mapping of str to tuple of int
+        Static shapes of the forward values (those onnx inferred completely).
+    types : mapping of str to int
+        ONNX element types of the forward values.
+    values : mapping of str to numpy.ndarray
+        Values known before running: initializers not differentiated, Constant outputs.
+    active : set of str
+        The values a gradient is computed for (depending on a differentiated name, and reaching
+        a seed): a rule emits an input's gradient only when :meth:`needs` it.
+    """
+
+    def __init__(
+        self,
+        builder: NodeBuilder,
+        shapes: Mapping[str, tuple[int, ...]],
+        types: Mapping[str, int],
+        values: Mapping[str, np.ndarray],
+        active: set[str],
+    ) -> None:
+        self.b = builder
+        self.shapes = shapes
+        self.types = types
+        self.values = values
+        self.active = active
+        #: forward nodes a rule asked to output more (Dropout's mask): node name -> outputs
+        self.extra_outputs: dict[str, list[str]] = {}
+
+    # -- reading the forward graph -------------------------------------------------------
+    def needs(self, name: str) -> bool:
+        """Whether ``name`` (a node input) gets a gradient."""
+        return bool(name) and name in self.active
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The static shape of ``name``; refuses a value onnx could not infer fully."""
+        found = self.shapes.get(name)
+        if found is None:
+            raise GraphNotDifferentiableError(
+                f"the onnx backend needs the static shape of {name!r}, which onnx's shape inference "
+                "could not find: fix the batch size (the trainers do) and give the graph's inputs "
+                "full shapes, or use backend='onnxruntime-training'"
+            )
+        return found
+
+    def rank(self, name: str) -> int:
+        return len(self.shape(name))
+
+    def dtype(self, name: str) -> int:
+        return int(self.types.get(name, onnx.TensorProto.FLOAT))
+
+    def value(self, name: str, what: str = "input") -> np.ndarray:
+        """The constant value of ``name`` (a shape, axes, pads...): refused when computed."""
+        if name not in self.values:
+            raise GraphNotDifferentiableError(
+                f"the onnx backend needs the {what} {name!r} to be a constant (an initializer or a "
+                "Constant node), but the graph computes it: fold it (onnx's constant folding, or "
+                "export with constant folding on), or use backend='onnxruntime-training'"
+            )
+        return self.values[name]
+
+    def optional_value(self, node: onnx.NodeProto, index: int) -> np.ndarray | None:
+        """The constant value of input ``index`` of ``node``; None when the input is absent."""
+        if index >= len(node.input) or not node.input[index]:
+            return None
+        return self.value(node.input[index], f"input {index} of {node.op_type} node {node.name!r},")
+
+    # -- writing the backward ------------------------------------------------------------
+    def op(self, op_type: str, inputs: Sequence[str], hint: str | None = None, **attrs: Any) -> str:
+        return self.b.op(op_type, inputs, hint, **attrs)
+
+    def const(self, value: Any, like: str, hint: str = "cst") -> str:
+        """A Constant of ``like``'s element type."""
+        dtype = helper.tensor_dtype_to_np_dtype(self.dtype(like))
+        return self.b.const(np.asarray(value, dtype=dtype), hint, dtype=dtype)
+
+    def ints(self, values: Sequence[int], hint: str = "ints") -> str:
+        return self.b.int_const([int(v) for v in values], hint)
+
+    def zeros_like(self, name: str, hint: str = "zeros") -> str:
+        return self.const(np.zeros(self.shape(name)), like=name, hint=hint)
+
+    def reduce_sum(self, x: str, axes: Sequence[int], keepdims: int = 1) -> str:
+        return self.b.reduce("ReduceSum", x, list(axes), keepdims)
+
+    def reshape(self, x: str, shape: Sequence[int]) -> str:
+        return self.op("Reshape", [x, self.ints(shape, "shape")])
+
+    def unbroadcast(self, grad: str, grad_shape: Sequence[int], target: str) -> str:
+        """``grad`` (of the broadcast result, shaped ``grad_shape``) summed back to the shape of
+        ``target``: over the leading axes ``target`` lacks and the axes where it has size 1."""
+        shape = self.shape(target)
+        grad_shape = tuple(grad_shape)
+        if tuple(shape) == grad_shape:
+            return grad
+        lead = len(grad_shape) - len(shape)
+        axes = list(range(lead))
+        axes += [lead + k for k, d in enumerate(shape) if d == 1 and grad_shape[lead + k] != 1]
+        out = self.reduce_sum(grad, axes, keepdims=1) if axes else grad
+        return self.reshape(out, shape) if lead or not axes else out
+
+    def transpose(self, x: str, perm: Sequence[int]) -> str:
+        return self.op("Transpose", [x], perm=[int(p) for p in perm])
+
+    def output_of(self, node: onnx.NodeProto, index: int, hint: str) -> str:
+        """Output ``index`` of the forward ``node``, added when the node does not write it (a
+        Dropout's mask): the backward reads it as a saved value."""
+        if index < len(node.output) and node.output[index]:
+            return node.output[index]
+        name = self.b.name(hint)
+        while len(node.output) < index:
+            node.output.append("")
+        node.output.append(name)
+        self.extra_outputs.setdefault(node.name, []).append(name)
+        return name

@@ -1,0 +1,195 @@
+"""The reverse walk: from seeds (the loss, or the gradients of a forward's outputs) back to the
+differentiated names, one rule per node, over a static-shape graph.
+
+The walk knows no operator by name: it finds the nodes between what is differentiated and the
+seeds, visits them in reverse order, sums the gradient contributions of each value (one ``Sum``)
+and hands them to the node's rule (:data:`._context.RULES`). What no seed reaches, and what no
+differentiated name reaches, gets no node; what the rules wrote but nothing reads is dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from .._builder import FLOAT_TYPES, NodeBuilder
+from ..exceptions import GraphNotDifferentiableError
+from ..graph import NO_GRADIENT_INPUTS, NO_GRADIENT_OPS, differentiable_ancestors
+from . import rules as _rules  # noqa: F401  (registers every rule family)
+from ._context import RULES, Context
+
+
+class _LazyValues(Mapping[str, np.ndarray]):
+    """Constant values of a graph, converted to numpy only when a rule reads one (a model zoo
+    graph's weights are never converted)."""
+
+    def __init__(self, graph: onnx.GraphProto, excluded: set[str]) -> None:
+        self._tensors: dict[str, onnx.TensorProto] = {
+            i.name: i for i in graph.initializer if i.name not in excluded
+        }
+        for node in graph.node:
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.attribute:
+                a = node.attribute[0]
+                if a.name == "value":
+                    self._tensors[node.output[0]] = a.t
+        self._cache: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._cache:
+            self._cache[name] = numpy_helper.to_array(self._tensors[name])
+        return self._cache[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tensors
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+
+@dataclass
+class StaticInfo:
+    """Shapes (complete ones only), element types and constant values of a graph's values."""
+
+    shapes: dict[str, tuple[int, ...]]
+    types: dict[str, int]
+    values: Mapping[str, np.ndarray]
+
+
+def static_info(model: onnx.ModelProto, differentiated: Sequence[str]) -> StaticInfo:
+    """What onnx's shape inference (with data propagation) finds about ``model``'s values."""
+    g = model.graph
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True).graph
+    except Exception:  # a graph onnx cannot infer: the declared shapes only
+        inferred = g
+    shapes: dict[str, tuple[int, ...]] = {}
+    types: dict[str, int] = {}
+    for init in g.initializer:
+        shapes[init.name] = tuple(int(d) for d in init.dims)
+        types[init.name] = init.data_type
+    for vi in [*inferred.input, *inferred.value_info, *inferred.output]:
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type"):
+            continue
+        if tt.elem_type:
+            types.setdefault(vi.name, tt.elem_type)
+        if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
+            shapes.setdefault(vi.name, tuple(int(d.dim_value) for d in tt.shape.dim))
+    values = _LazyValues(g, set(differentiated))
+    for name in values:  # constants onnx left without a value_info
+        if name not in shapes:
+            shapes[name] = tuple(values[name].shape)
+            types.setdefault(name, int(onnx.helper.np_dtype_to_tensor_dtype(values[name].dtype)))
+    return StaticInfo(shapes, types, values)
+
+
+def _active(model: onnx.ModelProto, names: Sequence[str], seeds: Sequence[str], types: Mapping[str, int]) -> set[str]:
+    """The float values that depend on ``names`` and that a seed depends on."""
+    reached = set(names)
+    for node in model.graph.node:
+        if node.domain in ("", "ai.onnx") and node.op_type in NO_GRADIENT_OPS:
+            continue
+        skip = NO_GRADIENT_INPUTS.get(node.op_type, frozenset())
+        if any(i in reached for k, i in enumerate(node.input) if k not in skip):
+            reached.update(o for o in node.output if o and types.get(o, onnx.TensorProto.FLOAT) in FLOAT_TYPES)
+    needed, _ = differentiable_ancestors(model, seeds, types)
+    return reached & needed
+
+
+def reverse_pass(
+    model: onnx.ModelProto,
+    seeds: Mapping[str, str],
+    names: Sequence[str],
+    builder: NodeBuilder,
+    info: StaticInfo,
+) -> tuple[dict[str, str], Context]:
+    """Writes, with ``builder``, the gradients of ``names`` given the gradients of the seeds.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The forward graph (topologically sorted). A rule may add outputs to its nodes (a
+        Dropout's mask): pass a copy the caller owns.
+    seeds : mapping of str to str
+        Forward value -> the value holding its gradient (a constant 1 for a loss, a graph input
+        for a forward's output).
+    names : sequence of str
+        The values (graph inputs or initializers) to differentiate with respect to.
+    builder : NodeBuilder
+        Writes the backward nodes (``builder.nodes``).
+    info : StaticInfo
+        :func:`static_info` of ``model``.
+
+    Returns
+    -------
+    (dict of str to str, Context)
+        The gradient value of each name that a seed reaches, and the rules' context (forward
+        outputs a rule added: ``context.extra_outputs``).
+
+    Raises
+    ------
+    GraphNotDifferentiableError
+        Naming every operator on the way that has no rule, before any node is written.
+    """
+    active = _active(model, names, list(seeds), info.types)
+    path = [n for n in model.graph.node if any(o in active for o in n.output)]
+    _check_rules(path)
+    ctx = Context(builder, info.shapes, info.types, info.values, active)
+    contributions: dict[str, list[str]] = {s: [g] for s, g in seeds.items()}
+    for node in reversed(path):
+        dys = [_total(ctx, o, contributions.get(o)) for o in node.output]
+        if all(d is None for d in dys):
+            continue
+        dxs = RULES[node.op_type](ctx, node, dys)
+        for x, dx in zip(node.input, dxs):
+            if dx is not None and x in active:
+                contributions.setdefault(x, []).append(dx)
+    grads = {}
+    for name in names:
+        total = _total(ctx, name, contributions.get(name))
+        if total is not None:
+            grads[name] = total
+    return grads, ctx
+
+
+def _total(ctx: Context, name: str, parts: list[str] | None) -> str | None:
+    if not parts:
+        return None
+    if len(parts) > 1:  # several consumers: one Sum, and the list holds it from now on
+        parts[:] = [ctx.op("Sum", parts, f"{name}_grad_sum")]
+    return parts[0]
+
+
+def _check_rules(path: Sequence[onnx.NodeProto]) -> None:
+    missing = [n for n in path if n.domain not in ("", "ai.onnx") or n.op_type not in RULES]
+    if missing:
+        listed = "; ".join(
+            f"operator {(n.domain + '.') if n.domain not in ('', 'ai.onnx') else ''}{n.op_type} (node {n.name!r})"
+            for n in missing[:8]
+        )
+        more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+        raise GraphNotDifferentiableError(
+            f"the onnx backend has no gradient rule for {listed}{more}, on the way from the trained "
+            "weights to the loss: leave the weights before it out of weights_to_train, write that "
+            "step with operators that have one, or use backend='onnxruntime-training' where it is "
+            "installed"
+        )
+
+
+def live_nodes(nodes: Sequence[onnx.NodeProto], outputs: Sequence[str]) -> list[onnx.NodeProto]:
+    """``nodes`` without those whose outputs nothing in ``outputs`` depends on (order kept)."""
+    wanted = set(outputs)
+    kept = []
+    for node in reversed(nodes):
+        if any(o in wanted for o in node.output):
+            kept.append(node)
+            wanted.update(i for i in node.input if i)
+    kept.reverse()
+    return kept

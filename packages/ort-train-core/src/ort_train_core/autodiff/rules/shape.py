@@ -1,0 +1,176 @@
+"""Gradient rules of operators that move values without arithmetic: reshapes, transposes,
+concatenation and splitting, slicing, gathering, expanding, tiling, padding."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from ...exceptions import GraphNotDifferentiableError
+from .._context import Context, attr, rule
+
+Grads = list["str | None"]
+
+
+def _reshaped_back(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
+    (dy,) = dys
+    assert dy is not None
+    x = node.input[0]
+    return [ctx.reshape(dy, ctx.shape(x)), *([None] * (len(node.input) - 1))]
+
+
+for _op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze"):
+    rule(_op)(_reshaped_back)  # dX = dY reshaped as X
+
+
+@rule("Transpose")
+def _transpose(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
+    rank = ctx.rank(node.input[0])
+    perm = attr(node, "perm", list(range(rank))[::-1])
+    return [ctx.transpose(dys[0], list(np.argsort(perm)))]  # type: ignore[arg-type]
+
+
+def _axis(node: onnx.NodeProto, rank: int, default: int = 0) -> int:
+    axis = int(attr(node, "axis", default))
+    return axis + rank if axis < 0 else axis
+
+
+@rule("Concat")
+def _concat(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
+    (dy,) = dys
+    assert dy is not None
+    axis = _axis(node, ctx.rank(node.output[0]))
+    sizes = [ctx.shape(x)[axis] for x in node.input]
+    names = [ctx.b.name(f"{x}_grad_part") for x in node.input]
+    ctx.b.nodes.append(onnx.helper.make_node("Split", [dy, ctx.ints(sizes)], names, name=ctx.b.name("n_Split"), axis=axis))
+    return [name if ctx.needs(x) else None for x, name in zip(node.input, names)]
+
+
+@rule("Split")
+def _split(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
+    axis = _axis(node, ctx.rank(node.input[0]))
+    parts = [d if d is not None else ctx.zeros_like(o) for o, d in zip(node.output, dys)]
+    return [ctx.op("Concat", parts, axis=axis), None]
+
+
+def _slice_params(ctx: Context, node: onnx.NodeProto, shape: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """Per axis of the input: (start, stop, step) as Python's ``slice.indices`` gives them."""
+    starts, ends = ctx.optional_value(node, 1), ctx.optional_value(node, 2)
+    axes, steps = ctx.optional_value(node, 3), ctx.optional_value(node, 4)
+    assert starts is not None and ends is not None
+    axes_list = list(range(len(starts))) if axes is None else [int(a) % len(shape) for a in axes]
+    steps_list = [1] * len(starts) if steps is None else [int(s) for s in steps]
+    full = [(0, d, 1) for d in shape]
+    for a, st, en, sp in zip(axes_list, starts, ends, steps_list):
+        full[a] = slice(int(st), int(en), sp).indices(shape[a])
+    return full
+
+
+@rule("Slice")
+def _slice(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
+    (dy,) = dys
+    assert dy is not None
+    x = node.input[0]
+    shape = ctx.shape(x)
+    params = _slice_params(ctx, node, shape)
+    out_shape = ctx.shape(node.output[0])
+    if all(step == 1 for _, _, step in params):  # dX = dY padded with zeros back to X's shape
+        before = [start for start, _, _ in params]
+        after = [d - b - n for d, b, n in zip(shape, before, out_shape)]
+        grad = ctx.op("Pad", [dy, ctx.ints([*before, *after], "pads")], mode="constant")
+    else:  # strided: scattered to the positions it read
+        taken = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)[tuple(slice(*p) for p in params)]
+        flat = ctx.reshape(dy, (-1,))
+        zeros = ctx.const(np.zeros(int(np.prod(shape))), like=x)
+        grad = ctx.reshape(ctx.op("ScatterElements", [zeros, ctx.ints(taken.ravel(), "taken"), flat], axis=0), shape)
+    return [grad, *([None] * (len(node.input) - 1))]
+
+
+def _non_negative(ctx: Context, indices: str, size: int) -> str:
+    """``indices`` with negative entries counted from the end (as Gather reads them)."""
+    if indices in ctx.values and bool((ctx.values[indices] >= 0).all()):
+        return indices
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(ctx.dtype(indices))
+    zero = ctx.b.const(np.array(0, dtype=dtype), "zero", dtype=dtype)
+    shifted = ctx.op("Add", [indices, ctx.b.const(np.array(size, dtype=dtype), "size", dtype=dtype)])
+    return ctx.op("Where", [ctx.op("Less", [indices, zero]), shifted, indices])
+
+
+@rule("Gather")
+def _gather(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
+    (dy,) = dys
+    assert dy is not None
+    x, indices = node.input
+    shape = ctx.shape(x)
+    axis = _axis(node, len(shape))
+    idx = ctx.op("Cast", [_non_negative(ctx, indices, shape[axis])], to=onnx.TensorProto.INT64)
+    # dX = zeros with dY added at the gathered rows (repeated ids add up): ScatterND on axis 0
+    perm = [axis, *[k for k in range(len(shape)) if k != axis]]
+    moved = tuple(shape[k] for k in perm)
+    idx_rank = ctx.rank(indices)
+    dy_perm = list(range(axis, axis + idx_rank)) + list(range(axis)) + list(range(axis + idx_rank, ctx.rank(node.output[0])))
+    dy_moved = ctx.transpose(dy, dy_perm) if axis else dy
+    zeros = ctx.const(np.zeros(moved), like=x)
+    scattered = ctx.op("ScatterND", [zeros, ctx.op("Unsqueeze", [idx, ctx.ints([-1])]), dy_moved], reduction="add")
+    grad = ctx.transpose(scattered, list(np.argsort(perm))) if axis else scattered
+    return [grad, None]
+
+
+@rule("GatherElements")
+def _gather_elements(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
+    (dy,) = dys
+    assert dy is not None
+    x, indices = node.input
+    shape = ctx.shape(x)
+    axis = _axis(node, len(shape))
+    idx = _non_negative(ctx, indices, shape[axis])
+    zeros = ctx.const(np.zeros(shape), like=x)
+    return [ctx.op("ScatterElements", [zeros, idx, dy], axis=axis, reduction="add"), None]
+
+
+@rule("Expand")
+def _expand(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
+    (dy,) = dys
+    assert dy is not None
+    return [ctx.unbroadcast(dy, ctx.shape(node.output[0]), node.input[0]), None]
+
+
+@rule("Tile")
+def _tile(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
+    (dy,) = dys
+    assert dy is not None
+    shape = ctx.shape(node.input[0])
+    repeats = [int(r) for r in ctx.value(node.input[1], "repeats")]
+    # Y viewed as (r0, d0, r1, d1, ...): dX sums over the r axes
+    interleaved = [v for r, d in zip(repeats, shape) for v in (r, d)]
+    summed = ctx.reduce_sum(ctx.reshape(dy, interleaved), list(range(0, 2 * len(shape), 2)), keepdims=0)
+    return [summed, None]
+
+
+@rule("Pad")
+def _pad(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
+    (dy,) = dys
+    assert dy is not None
+    mode = attr(node, "mode", b"constant")
+    if mode not in (b"constant", "constant"):
+        raise GraphNotDifferentiableError(
+            f"the onnx backend differentiates Pad in constant mode only; node {node.name!r} pads "
+            f"in {mode!r} mode: use backend='onnxruntime-training', or pad with zeros"
+        )
+    x = node.input[0]
+    shape = ctx.shape(x)
+    rank = len(shape)
+    pads = attr(node, "pads") if len(node.input) < 2 else ctx.value(node.input[1], "pads")
+    axes_value = ctx.optional_value(node, 3)
+    axes = list(range(rank)) if axes_value is None else [int(a) % rank for a in axes_value]
+    begin, end = [0] * rank, [0] * rank
+    for k, a in enumerate(axes):
+        begin[a], end[a] = int(pads[k]), int(pads[k + len(axes)])
+    # dX = dY without the padding (a negative pad cropped: its place gets zeros back)
+    grad = ctx.op(
+        "Slice",
+        [dy, ctx.ints([max(b, 0) for b in begin]), ctx.ints([max(b, 0) + d + min(b, 0) + min(e, 0) for b, e, d in zip(begin, end, shape)])],
+    )
+    if any(b < 0 or e < 0 for b, e in zip(begin, end)):
+        grad = ctx.op("Pad", [grad, ctx.ints([max(-b, 0) for b in begin] + [max(-e, 0) for e in end], "pads")])
+    return [grad, *([None] * (len(node.input) - 1))]
