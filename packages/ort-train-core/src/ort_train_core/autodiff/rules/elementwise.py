@@ -228,19 +228,32 @@ def _gelu(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     x = node.input[0]
     one, half = ctx.const(1.0, like=x), ctx.const(0.5, like=x)
     if attr(node, "approximate", b"none") in (b"tanh", "tanh"):
-        # u = c (X + 0.044715 X^3), t = tanh(u): dX = dY (0.5 (1 + t) + 0.5 X (1 - t^2) c (1 + 3 0.044715 X^2))
+        # u = c (X + 0.044715 X^3), t = tanh(u):
+        # dX = dY (0.5 (1 + t) + 0.5 X (1 - t^2) c (1 + 3 0.044715 X^2))
         c = math.sqrt(2.0 / math.pi)
         square = ctx.op("Mul", [x, x])
         cube = ctx.op("Mul", [square, x])
         inner = ctx.op("Add", [x, ctx.op("Mul", [cube, ctx.const(0.044715, like=x)])])
         t = ctx.op("Tanh", [ctx.op("Mul", [inner, ctx.const(c, like=x)])])
-        du = ctx.op("Mul", [ctx.op("Add", [one, ctx.op("Mul", [square, ctx.const(3 * 0.044715, like=x)])]), ctx.const(c, like=x)])
+        du = ctx.op(
+            "Mul",
+            [
+                ctx.op("Add", [one, ctx.op("Mul", [square, ctx.const(3 * 0.044715, like=x)])]),
+                ctx.const(c, like=x),
+            ],
+        )
         sech2 = ctx.op("Sub", [one, ctx.op("Mul", [t, t])])
         left = ctx.op("Mul", [half, ctx.op("Add", [one, t])])
         right = ctx.op("Mul", [ctx.op("Mul", [half, x]), ctx.op("Mul", [sech2, du])])
         return _scaled(ctx, dys[0], ctx.op("Add", [left, right]))
     # exact: dX = dY (Phi(X) + X phi(X)), Phi(X) = 0.5 (1 + erf(X / sqrt 2))
-    cdf = ctx.op("Mul", [half, ctx.op("Add", [one, ctx.op("Erf", [ctx.op("Mul", [x, ctx.const(1 / math.sqrt(2), like=x)])])])])
+    cdf = ctx.op(
+        "Mul",
+        [
+            half,
+            ctx.op("Add", [one, ctx.op("Erf", [ctx.op("Mul", [x, ctx.const(1 / math.sqrt(2), like=x)])])]),
+        ],
+    )
     pdf = _gaussian(ctx, x, 1.0 / math.sqrt(2.0 * math.pi))
     return _scaled(ctx, dys[0], ctx.op("Add", [cdf, ctx.op("Mul", [x, pdf])]))
 
@@ -250,7 +263,9 @@ def _hard_sigmoid(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     (dy,) = dys
     assert dy is not None
     y = node.output[0]  # dX = alpha dY where 0 < Y < 1
-    inside = ctx.op("And", [ctx.op("Greater", [y, ctx.const(0.0, like=y)]), ctx.op("Less", [y, ctx.const(1.0, like=y)])])
+    inside = ctx.op(
+        "And", [ctx.op("Greater", [y, ctx.const(0.0, like=y)]), ctx.op("Less", [y, ctx.const(1.0, like=y)])]
+    )
     scaled = ctx.op("Mul", [dy, ctx.const(attr(node, "alpha", 0.2), like=y)])
     return [ctx.op("Where", [inside, scaled, ctx.const(0.0, like=y)])]
 
@@ -261,7 +276,9 @@ def _hard_swish(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     assert dy is not None
     x = node.input[0]  # torch: 0 below -3, dY (X/3 + 1/2) up to 3, dY above
     slope = ctx.op("Add", [ctx.op("Mul", [x, ctx.const(1.0 / 3.0, like=x)]), ctx.const(0.5, like=x)])
-    middle = ctx.op("Where", [ctx.op("LessOrEqual", [x, ctx.const(3.0, like=x)]), ctx.op("Mul", [dy, slope]), dy])
+    middle = ctx.op(
+        "Where", [ctx.op("LessOrEqual", [x, ctx.const(3.0, like=x)]), ctx.op("Mul", [dy, slope]), dy]
+    )
     return [ctx.op("Where", [ctx.op("Less", [x, ctx.const(-3.0, like=x)]), ctx.const(0.0, like=x), middle])]
 
 
@@ -282,9 +299,7 @@ def _clip(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     (dy,) = dys
     assert dy is not None
     x = node.input[0]
-    bounds = [
-        (node.input[k] if len(node.input) > k and node.input[k] else None) for k in (1, 2)
-    ]
+    bounds = [(node.input[k] if len(node.input) > k and node.input[k] else None) for k in (1, 2)]
     for k, name in enumerate(("min", "max")):  # opset < 11: attributes
         value = attr(node, name)
         if value is not None and bounds[k] is None:
@@ -337,4 +352,3 @@ def _dropout(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     mask = ctx.output_of(node, 1, f"{node.output[0]}_mask")
     kept = ctx.op("Cast", [mask], to=ctx.dtype(node.input[0]))
     return [ctx.op("Mul", [ctx.op("Mul", [dy, kept]), ctx.const(1.0 / (1.0 - rate), like=node.input[0])])]
-

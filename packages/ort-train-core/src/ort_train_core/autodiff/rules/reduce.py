@@ -133,5 +133,7 @@ def _cumsum(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     assert dys[0] is not None
     # dX = the cumulative sum of dY the other way round (same exclusivity)
     reverse = 1 - int(attr(node, "reverse", 0))
-    grad = ctx.op("CumSum", [dys[0], node.input[1]], reverse=reverse, exclusive=int(attr(node, "exclusive", 0)))
+    grad = ctx.op(
+        "CumSum", [dys[0], node.input[1]], reverse=reverse, exclusive=int(attr(node, "exclusive", 0))
+    )
     return [grad, None]

@@ -42,7 +42,9 @@ def _concat(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     axis = _axis(node, ctx.rank(node.output[0]))
     sizes = [ctx.shape(x)[axis] for x in node.input]
     names = [ctx.b.name(f"{x}_grad_part") for x in node.input]
-    ctx.b.nodes.append(onnx.helper.make_node("Split", [dy, ctx.ints(sizes)], names, name=ctx.b.name("n_Split"), axis=axis))
+    ctx.b.nodes.append(
+        onnx.helper.make_node("Split", [dy, ctx.ints(sizes)], names, name=ctx.b.name("n_Split"), axis=axis)
+    )
     return [name if ctx.needs(x) else None for x, name in zip(node.input, names)]
 
 
@@ -57,7 +59,8 @@ def _slice_params(ctx: Context, node: onnx.NodeProto, shape: tuple[int, ...]) ->
     """Per axis of the input: (start, stop, step) as Python's ``slice.indices`` gives them."""
     starts, ends = ctx.optional_value(node, 1), ctx.optional_value(node, 2)
     axes, steps = ctx.optional_value(node, 3), ctx.optional_value(node, 4)
-    assert starts is not None and ends is not None
+    assert starts is not None
+    assert ends is not None
     axes_list = list(range(len(starts))) if axes is None else [int(a) % len(shape) for a in axes]
     steps_list = [1] * len(starts) if steps is None else [int(s) for s in steps]
     full = [(0, d, 1) for d in shape]
@@ -78,11 +81,15 @@ def _slice(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
         before = [start for start, _, _ in params]
         after = [d - b - n for d, b, n in zip(shape, before, out_shape)]
         grad = ctx.op("Pad", [dy, ctx.ints([*before, *after], "pads")], mode="constant")
-    else:  # strided: scattered to the positions it read
-        taken = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)[tuple(slice(*p) for p in params)]
+    else:  # strided: scattered to the positions it read (ranges, not slices: a stop of -1
+        # from slice.indices means "past index 0" with a negative step, not "the last")
+        positions = np.ix_(*[np.arange(*p, dtype=np.int64) for p in params])
+        taken = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)[positions]
         flat = ctx.reshape(dy, (-1,))
         zeros = ctx.const(np.zeros(int(np.prod(shape))), like=x)
-        grad = ctx.reshape(ctx.op("ScatterElements", [zeros, ctx.ints(taken.ravel(), "taken"), flat], axis=0), shape)
+        grad = ctx.reshape(
+            ctx.op("ScatterElements", [zeros, ctx.ints(taken.ravel(), "taken"), flat], axis=0), shape
+        )
     return [grad, *([None] * (len(node.input) - 1))]
 
 
@@ -108,10 +115,16 @@ def _gather(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     perm = [axis, *[k for k in range(len(shape)) if k != axis]]
     moved = tuple(shape[k] for k in perm)
     idx_rank = ctx.rank(indices)
-    dy_perm = list(range(axis, axis + idx_rank)) + list(range(axis)) + list(range(axis + idx_rank, ctx.rank(node.output[0])))
+    dy_perm = (
+        list(range(axis, axis + idx_rank))
+        + list(range(axis))
+        + list(range(axis + idx_rank, ctx.rank(node.output[0])))
+    )
     dy_moved = ctx.transpose(dy, dy_perm) if axis else dy
     zeros = ctx.const(np.zeros(moved), like=x)
-    scattered = ctx.op("ScatterND", [zeros, ctx.op("Unsqueeze", [idx, ctx.ints([-1])]), dy_moved], reduction="add")
+    scattered = ctx.op(
+        "ScatterND", [zeros, ctx.op("Unsqueeze", [idx, ctx.ints([-1])]), dy_moved], reduction="add"
+    )
     grad = ctx.transpose(scattered, list(np.argsort(perm))) if axis else scattered
     return [grad, None]
 
@@ -169,8 +182,14 @@ def _pad(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     # dX = dY without the padding (a negative pad cropped: its place gets zeros back)
     grad = ctx.op(
         "Slice",
-        [dy, ctx.ints([max(b, 0) for b in begin]), ctx.ints([max(b, 0) + d + min(b, 0) + min(e, 0) for b, e, d in zip(begin, end, shape)])],
+        [
+            dy,
+            ctx.ints([max(b, 0) for b in begin]),
+            ctx.ints([max(b, 0) + d + min(b, 0) + min(e, 0) for b, e, d in zip(begin, end, shape)]),
+        ],
     )
     if any(b < 0 or e < 0 for b, e in zip(begin, end)):
-        grad = ctx.op("Pad", [grad, ctx.ints([max(-b, 0) for b in begin] + [max(-e, 0) for e in end], "pads")])
+        grad = ctx.op(
+            "Pad", [grad, ctx.ints([max(-b, 0) for b in begin] + [max(-e, 0) for e in end], "pads")]
+        )
     return [grad, *([None] * (len(node.input) - 1))]
