@@ -53,11 +53,19 @@ def get_backend(name: str | None = None) -> GradientBackend:
     Raises
     ------
     ValueError
-        When ``name`` is not a registered backend.
+        When ``name`` (or ``$ORT_TRAIN_BACKEND`` for None) is not a registered backend.
+    TrainingRuntimeError
+        For ``'onnxruntime-training'`` when the loaded onnxruntime is not its training build:
+        the message names the pip command, or says that this Python has no wheel of it.
     """
     key = default_backend_name() if name is None else name
     if key not in BACKENDS:
-        raise ValueError(f"unknown gradient backend {name!r}: choose one of {sorted(BACKENDS)} (or None)")
+        source = f"${BACKEND_VARIABLE}={key!r}" if name is None else repr(name)
+        raise ValueError(f"unknown gradient backend {source}: choose one of {sorted(BACKENDS)} (or None)")
+    if key == "onnxruntime-training":
+        from ._runtime import require_training_build
+
+        require_training_build()
     return _instance(key)
 
 

@@ -1,4 +1,10 @@
-"""Finds the onnxruntime *training* build and turns device strings into onnxruntime devices.
+"""Loads onnxruntime (the training build or a stock one), says which, and turns device strings
+into onnxruntime devices.
+
+Every onnxruntime distribution installs the same folder ``onnxruntime/``: two of them in one
+environment overwrite each other's files, which the import detects and reports (a warning, with
+the pip commands that leave one). Which one the ``[cpu]`` extra installs where is the
+``cpu`` extra's marker in ``ort-train-core``'s pyproject; :func:`has_training_wheel` says the same.
 
 ``import onnxruntime`` probes ``onnxruntime.training.ortmodule``, which imports torch (a second
 of start-up, and torch in ``sys.modules``). Core never needs ORTModule, so that probe is masked
@@ -9,7 +15,9 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import platform
 import sys
+import warnings
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -20,6 +28,11 @@ TRAINING_PACKAGES = ("onnxruntime-training", "onnxruntime-training-cpu")
 _OTHER_PACKAGES = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino")
 PIP_FIX_CPU = 'pip install "ort-train-core[cpu]"'
 PIP_FIX_CUDA = 'pip install "ort-train-core[cuda]"'
+PIP_FIX_STOCK = 'pip install "ort-train-core[stock]"'
+PIP_FIX_GPU = 'pip install "ort-train-core[gpu]"'
+#: the CPython versions with a wheel of onnxruntime-training-cpu 1.19.2, its last release
+TRAINING_WHEEL_PYTHONS = ((3, 10), (3, 11), (3, 12))
+_TRAINING_WHEEL_TEXT = "CPython 3.10-3.12 on Linux x86-64, macOS and Windows x86-64"
 
 
 def installed_onnxruntime_distributions() -> dict[str, str]:
@@ -33,16 +46,132 @@ def installed_onnxruntime_distributions() -> dict[str, str]:
     return found
 
 
+def has_training_wheel(
+    version: tuple[int, int] | None = None, system: str | None = None, machine: str | None = None
+) -> bool:
+    """Whether onnxruntime-training-cpu 1.19.2 has a wheel for this interpreter and platform
+    (the ``cpu`` extra's marker, in Python: where it is False that extra installs stock onnxruntime).
+
+    Parameters
+    ----------
+    version : tuple of int, optional
+        ``(major, minor)`` of CPython; this interpreter's when None (and False for another
+        implementation than CPython).
+    system : str, optional
+        ``sys.platform`` (``'linux'``, ``'darwin'``, ``'win32'``); this one's when None.
+    machine : str, optional
+        ``platform.machine()`` (``'x86_64'``, ``'AMD64'``, ``'aarch64'``); this one's when None.
+
+    Returns
+    -------
+    bool
+        True where ``pip install "ort-train-core[cpu]"`` installs the training build.
+    """
+    if version is None and sys.implementation.name != "cpython":
+        return False
+    version = sys.version_info[:2] if version is None else version
+    system = sys.platform if system is None else system
+    machine = platform.machine() if machine is None else machine
+    platform_ok = (system == "linux" and machine == "x86_64") or system == "darwin"
+    return version in TRAINING_WHEEL_PYTHONS and (platform_ok or (system == "win32" and machine == "AMD64"))
+
+
+def _here() -> str:
+    return f"Python {sys.version_info[0]}.{sys.version_info[1]} on {sys.platform} {platform.machine()}"
+
+
+def _uninstall_all(installed: dict[str, str]) -> str:
+    return "pip uninstall -y " + " ".join(installed) + " && " if installed else ""
+
+
 def _fix_message(installed: dict[str, str]) -> str:
-    others = [name for name in installed if name not in TRAINING_PACKAGES]
-    steps = []
-    if others:
-        steps.append("pip uninstall -y " + " ".join(others + list(TRAINING_PACKAGES)))
-    steps.append(f"{PIP_FIX_CPU}   (CPU)   or   {PIP_FIX_CUDA}   (CUDA)")
+    cpu = "the training build" if has_training_wheel() else f"stock onnxruntime ({_here()})"
     what = ", ".join(f"{k}=={v}" for k, v in installed.items()) or "no onnxruntime package"
     return (
         f"Installed: {what}. All onnxruntime builds share the folder 'onnxruntime/', so the last "
-        "one installed wins. Fix with:\n    " + "\n    ".join(steps)
+        f"one installed wins. Fix with one of:\n    {_uninstall_all(installed)}{PIP_FIX_CPU}   ({cpu})"
+        f"\n    {_uninstall_all(installed)}{PIP_FIX_GPU}   (onnxruntime-gpu, CUDA)"
+    )
+
+
+def loaded_build() -> str:
+    """The distribution name and version of the onnxruntime that is loaded, as one string
+    (``"'onnxruntime' 1.32.0"``)."""
+    try:
+        from onnxruntime.capi.build_and_package_info import __version__, package_name
+    except ImportError:
+        return "'unknown'"
+    return f"'{package_name}' {__version__}"
+
+
+def training_build_fix(installed: dict[str, str] | None = None) -> str:
+    """How to install the training build of onnxruntime here, or why it cannot be.
+
+    Parameters
+    ----------
+    installed : dict, optional
+        :func:`installed_onnxruntime_distributions` (read when None): what the commands
+        uninstall first, as two builds in one environment overwrite each other.
+
+    Returns
+    -------
+    str
+        A sentence with the pip commands, or saying that no wheel exists for this Python.
+    """
+    if not has_training_wheel():
+        return (
+            f"onnxruntime-training has no wheel for {_here()}: its last release (1.19.2) has them "
+            f"for {_TRAINING_WHEEL_TEXT} only."
+        )
+    installed = installed_onnxruntime_distributions() if installed is None else installed
+    others = {k: v for k, v in installed.items() if k not in TRAINING_PACKAGES}
+    return f"To install it: {_uninstall_all(others)}{PIP_FIX_CPU}"
+
+
+def check_one_runtime(installed: dict[str, str] | None = None) -> None:
+    """Warns when several onnxruntime distributions are installed: they share the folder
+    ``onnxruntime/``, so the loaded files may be a mix of both, and uninstalling one breaks
+    the other.
+
+    Parameters
+    ----------
+    installed : dict, optional
+        :func:`installed_onnxruntime_distributions` (read when None).
+
+    Warns
+    -----
+    RuntimeWarning
+        Naming every installed distribution, the loaded one, and the commands that keep one.
+    """
+    installed = installed_onnxruntime_distributions() if installed is None else installed
+    if len(installed) < 2:
+        return
+    names = ", ".join(f"{k}=={v}" for k, v in installed.items())
+    warnings.warn(
+        f"{names} are installed together: every onnxruntime build installs the same folder "
+        f"'onnxruntime/', so they overwrote each other's files (the loaded one says it is "
+        f"{loaded_build()}) and uninstalling one breaks the other. {_fix_message(installed)}",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
+
+def require_training_build() -> None:
+    """Raises unless the loaded onnxruntime is the training build (what the
+    ``onnxruntime-training`` backend needs).
+
+    Raises
+    ------
+    TrainingRuntimeError
+        Naming the loaded build, that ``backend='onnx'`` trains with it, and how to install the
+        training build (or that it has no wheel for this Python).
+    """
+    if is_training_build(ort_capi):
+        return
+    raise TrainingRuntimeError(
+        "backend 'onnxruntime-training' needs the training build of onnxruntime "
+        f"(onnxruntime-training-cpu or onnxruntime-training 1.19.2), but the loaded onnxruntime is "
+        f"{loaded_build()}: backend='onnx' trains with it. " + training_build_fix()
     )
 
 
@@ -99,6 +228,7 @@ def is_training_build(capi: Any) -> bool:
 #: the modules that hold OrtValues and sessions (_binding, _data, _runner) and the gradient
 #: backend (_ort_training) use it; the trainers and the adapters go through them.
 ort_capi = load_capi()
+check_one_runtime()
 
 
 @dataclass(frozen=True)
@@ -156,7 +286,7 @@ def parse_device(device: str | Device) -> Device:
     TypeError
         When ``device`` is not a string.
     ValueError
-        For an unknown device, or CUDA without the CUDA build of onnxruntime-training.
+        For an unknown device, or CUDA without a CUDA build of onnxruntime.
     CudaUnavailableError
         For CUDA when the driver, the GPU or the CUDA libraries are missing.
     """
@@ -171,10 +301,12 @@ def parse_device(device: str | Device) -> Device:
     if kind != "cuda" or (index and not index.isdigit()):
         raise ValueError(f"unknown device {device!r}: use 'cpu', 'cuda' or 'cuda:N' (N >= 0)")
     if "CUDAExecutionProvider" not in ort_capi.get_available_providers():
+        uninstall = _uninstall_all(installed_onnxruntime_distributions())
         raise ValueError(
-            f"device {device!r} needs the CUDA build of onnxruntime-training, but the installed "
-            f"build only offers {ort_capi.get_available_providers()}. Install it with "
-            f"'pip uninstall -y onnxruntime-training-cpu && {PIP_FIX_CUDA}'."
+            f"device {device!r} needs a CUDA build of onnxruntime, but the loaded one ({loaded_build()}) "
+            f"only offers {ort_capi.get_available_providers()}. Install one with "
+            f"'{uninstall}{PIP_FIX_GPU}' (onnxruntime-gpu, CUDA 13, backend='onnx') or "
+            f"'{uninstall}{PIP_FIX_CUDA}' (the training build's, CUDA 11.8, Linux x86-64, Python 3.10/3.11)."
         )
     from ._cuda import ensure_cuda  # ctypes and the library search: CUDA users only
 
