@@ -150,7 +150,11 @@ def _where_positive(ctx: Context, x: str, if_pos: str, if_not: str) -> str:
 def _relu(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     (dy,) = dys
     assert dy is not None  # dX = dY where Y > 0 (0 at 0, as torch)
-    return [_where_positive(ctx, node.output[0], dy, ctx.const(0.0, like=node.output[0]))]
+    # a product by the 0/1 mask, not Where(Y > 0, dY, 0): onnxruntime's Where against a scalar
+    # took 460 us on 128x512 against 64 (1.19 and 1.32), 13 % of a 784-512-512-10 MLP's step
+    y = node.output[0]
+    mask = ctx.op("Cast", [ctx.op("Greater", [y, ctx.const(0.0, like=y)])], to=ctx.dtype(y))
+    return [ctx.op("Mul", [dy, mask])]
 
 
 @rule("LeakyRelu")
