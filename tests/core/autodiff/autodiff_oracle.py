@@ -56,8 +56,8 @@ class Graph:
     opset: int = 18
     #: the names differentiated (default: every input)
     wrt: list[str] | None = None
-    #: the values sit away from every kink by more than the finite-difference step
-    smooth: bool = True
+    #: the differentiated values are initializers (trained weights), not graph inputs
+    weights_as_initializers: bool = False
 
     @property
     def names(self) -> list[str]:
@@ -138,11 +138,18 @@ def _float(arr: np.ndarray, np_type: Any) -> np.ndarray:
     return arr.astype(np_type) if arr.dtype.kind == "f" else arr
 
 
-def build(g: Graph, float_type: int = TensorProto.FLOAT) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """The loss graph of ``g`` in ``float_type`` (outputs: ``loss``, then ``g.outputs``) and its feeds."""
+def build(
+    g: Graph, float_type: int = TensorProto.FLOAT, fed: bool = False
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """The loss graph of ``g`` in ``float_type`` (outputs: ``loss``, then ``g.outputs``) and its
+    feeds; ``fed``: the differentiated values are graph inputs even where ``g`` makes them
+    initializers (finite differences feed them)."""
     np_type = helper.tensor_dtype_to_np_dtype(float_type)
     feeds = {k: v.astype(np_type) for k, v in g.inputs.items()}
     consts = [numpy_helper.from_array(_float(v, np_type), k) for k, v in g.consts.items()]
+    if g.weights_as_initializers and not fed:
+        consts += [numpy_helper.from_array(v, k) for k, v in feeds.items()]
+        feeds = {}
     vis = [helper.make_tensor_value_info(k, float_type, list(v.shape)) for k, v in feeds.items()]
     outs = [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in g.outputs]
     bare = _model(helper.make_graph(g.nodes, g.name, vis, outs, consts), g.opset)
@@ -219,8 +226,8 @@ def onnx_gradients(g: Graph, float_type: int) -> tuple[dict[str, np.ndarray], di
     model, feeds = build(g, float_type)
     got = run(gradient_model(model, g.names), feeds)
     for name in g.names:
-        assert got[f"{name}_grad"].dtype == feeds[name].dtype
-        assert got[f"{name}_grad"].shape == feeds[name].shape, name
+        assert got[f"{name}_grad"].dtype == helper.tensor_dtype_to_np_dtype(float_type)
+        assert got[f"{name}_grad"].shape == g.inputs[name].shape, name
     return got, {n: got[f"{n}_grad"] for n in g.names}
 
 
@@ -239,7 +246,7 @@ def check_against_finite_differences(g: Graph, h: float = 1e-6) -> None:
     """The float64 gradients against central differences of the float64 forward graph run by
     onnx's reference evaluator."""
     _, grads = onnx_gradients(g, TensorProto.DOUBLE)
-    model, feeds = build(g, TensorProto.DOUBLE)
+    model, feeds = build(g, TensorProto.DOUBLE, fed=True)
     forward = evaluator(model)
 
     def loss(values: dict[str, np.ndarray]) -> float:

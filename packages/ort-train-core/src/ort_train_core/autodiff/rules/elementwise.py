@@ -109,13 +109,19 @@ def _pow(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     assert dy is not None
     y = node.output[0]
     p_x = p if ctx.dtype(p) == ctx.dtype(x) else ctx.op("Cast", [p], to=ctx.dtype(x))
+    zero = ctx.const(0.0, like=x)
     dx = None
-    if ctx.needs(x):  # dX = dY * p * X^(p-1)
+    if ctx.needs(x):  # dX = dY * p * X^(p-1); 0 where p = 0 (torch: X^0 is constant, X = 0 too)
         power = ctx.op("Pow", [x, ctx.op("Sub", [p_x, ctx.const(1.0, like=x)])])
-        dx = _to(ctx, node, 0, ctx.op("Mul", [dy, ctx.op("Mul", [p_x, power])]))
+        slope = ctx.op("Mul", [p_x, power])
+        if p not in ctx.values or bool((ctx.values[p] == 0).any()):
+            slope = ctx.op("Where", [ctx.op("Equal", [p_x, zero]), zero, slope])
+        dx = _to(ctx, node, 0, ctx.op("Mul", [dy, slope]))
     dp = None
-    if ctx.needs(p):  # dp = dY * Y * log(X)
-        dp = _to(ctx, node, 1, ctx.op("Mul", [dy, ctx.op("Mul", [y, ctx.op("Log", [x])])]))
+    if ctx.needs(p):  # dp = dY * Y * log(X); 0 where X = 0 and p >= 0 (torch)
+        at_zero = ctx.op("And", [ctx.op("Equal", [x, zero]), ctx.op("GreaterOrEqual", [p_x, zero])])
+        slope = ctx.op("Where", [at_zero, zero, ctx.op("Mul", [y, ctx.op("Log", [x])])])
+        dp = _to(ctx, node, 1, ctx.op("Mul", [dy, slope]))
     return [dx, dp]
 
 
@@ -278,12 +284,11 @@ def _hard_sigmoid(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
 def _hard_swish(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     (dy,) = dys
     assert dy is not None
-    x = node.input[0]  # torch: 0 below -3, dY (X/3 + 1/2) up to 3, dY above
+    x = node.input[0]  # torch: 0 up to -3 (included), dY (X/3 + 1/2) strictly inside, dY from 3
     slope = ctx.op("Add", [ctx.op("Mul", [x, ctx.const(1.0 / 3.0, like=x)]), ctx.const(0.5, like=x)])
-    middle = ctx.op(
-        "Where", [ctx.op("LessOrEqual", [x, ctx.const(3.0, like=x)]), ctx.op("Mul", [dy, slope]), dy]
-    )
-    return [ctx.op("Where", [ctx.op("Less", [x, ctx.const(-3.0, like=x)]), ctx.const(0.0, like=x), middle])]
+    middle = ctx.op("Where", [ctx.op("Less", [x, ctx.const(3.0, like=x)]), ctx.op("Mul", [dy, slope]), dy])
+    below = ctx.op("LessOrEqual", [x, ctx.const(-3.0, like=x)])
+    return [ctx.op("Where", [below, ctx.const(0.0, like=x), middle])]
 
 
 @rule("Softplus")
