@@ -452,6 +452,76 @@ case(
 )
 case("reduce_sum_all", "ReduceSum", {"X": x("rsa", X3)}, lambda t, v: v["X"].sum().reshape(1, 1, 1))
 
+# opsets below 17 (the backend converts them up first): attributes where inputs came later,
+# Softmax's old semantics (the trailing axes flattened from ``axis`` on)
+case(
+    "softmax_opset11",
+    "Softmax",
+    {"X": x("sm11", X3)},
+    lambda t, v: v["X"].reshape(2, 12).softmax(1).reshape(X3),
+    opset=11,
+    axis=1,
+)
+case(
+    "log_softmax_opset11",
+    "LogSoftmax",
+    {"X": x("lsm11", X3)},
+    lambda t, v: v["X"].reshape(2, 12).log_softmax(1).reshape(X3),
+    opset=11,
+    axis=1,
+)
+case(
+    "reduce_sum_opset11",
+    "ReduceSum",
+    {"X": x("rs11", X3)},
+    lambda t, v: v["X"].sum(1),
+    opset=11,
+    axes=[1],
+    keepdims=0,
+)
+case(
+    "clip_opset10",
+    "Clip",
+    {"X": x("clip10", avoid=[-0.5, 0.7])},
+    lambda t, v: v["X"].clamp(-0.5, 0.7),
+    opset=10,
+    min=-0.5,
+    max=0.7,
+)
+case(
+    "unsqueeze_opset11",
+    "Unsqueeze",
+    {"X": x("unsq11")},
+    lambda t, v: v["X"].reshape(3, 1, 4),
+    opset=11,
+    axes=[1],
+)
+case(
+    "squeeze_opset11",
+    "Squeeze",
+    {"X": x("sq11", (3, 1, 4))},
+    lambda t, v: v["X"].reshape(3, 4),
+    opset=11,
+    axes=[1],
+)
+case(
+    "split_opset11",
+    "Split",
+    {"X": x("split11", (5, 2))},
+    lambda t, v: list(v["X"].split([2, 3])),
+    outputs=2,
+    opset=11,
+    split=[2, 3],
+)
+case(
+    "pad_opset10",
+    "Pad",
+    {"X": x("pad10")},
+    lambda t, v: t.nn.functional.pad(v["X"], (0, 2, 1, 0)),
+    opset=10,
+    pads=[1, 0, 0, 2],
+)
+
 IDS = [g.name for g in CASES]
 
 

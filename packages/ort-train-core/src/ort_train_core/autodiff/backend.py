@@ -151,11 +151,28 @@ def with_gradient_opset(model: ModelProto) -> ModelProto:
         from onnx import version_converter
 
         out = version_converter.convert_version(model, MIN_GRADIENT_OPSET)
+        _retype_converted_bounds(out, value_types(model))
     else:
         out = ModelProto()
         out.CopyFrom(model)
     out.ir_version = min(out.ir_version, MAX_IR_VERSION)
     return out
+
+
+def _retype_converted_bounds(model: ModelProto, types: Mapping[str, int]) -> None:
+    """onnx's version converter writes Clip's bounds and Pad's value (attributes before opset
+    11) as float32 Constants, in a float64 graph too (which then fails its checks): they take
+    the type of the operand they bound."""
+    constants = {n.output[0]: n for n in model.graph.node if n.op_type == "Constant"}
+    for node in model.graph.node:
+        bounds = {"Clip": node.input[1:3], "Pad": node.input[2:3]}.get(node.op_type, [])
+        wanted = types.get(node.input[0], onnx.TensorProto.FLOAT) if node.input else onnx.TensorProto.FLOAT
+        for name in bounds:
+            const = constants.get(name)
+            if const is not None and const.attribute[0].t.data_type != wanted:
+                value = onnx.numpy_helper.to_array(const.attribute[0].t)
+                dtype = helper.tensor_dtype_to_np_dtype(wanted)
+                const.attribute[0].t.CopyFrom(onnx.numpy_helper.from_array(value.astype(dtype), name))
 
 
 def _check_reached(names: Sequence[str], grads: Mapping[str, str], target: str) -> None:
