@@ -17,12 +17,15 @@ size, ``make_classification(n, 20, n_informative=10)`` and ``make_friedman1(n, 2
 
 Reported per dataset and estimator: the mean test score (accuracy, R²) of each over the seeds,
 their difference, the mean ``n_iter_``, and the fit-time ratio ours / scikit-learn's (the sum
-of fit times over the seeds; < 1 is faster). A fit of ours includes its setup (graph, sessions;
-the first fit of a shape in the process builds them, later ones reuse the caches); each pair
-is preceded by one untimed warm-up fit of each on the first 500 training rows.
+of fit times over the seeds; < 1 is faster) of ours' warm fit. Each seed runs one untimed
+warm-up fit of each on the first 500 training rows (imports, allocators), then ours twice: cold
+(every graph and session cache of the process emptied first: the first fit of an architecture
+builds them) and warm (a ``clone`` fitted again on the same rows, as ``GridSearchCV`` refits an
+architecture it has fitted: no graph, no session built), whose score must equal the cold one's.
+The backend is the default one (``ORT_TRAIN_BACKEND``), named in the report.
 
 Run: ``python benchmarks/bench_datasets.py [--quick] [--out benchmarks/results]``; it writes
-``<host>-<date>-datasets[-quick].{json,md}``; ``bench_sklearn.py`` runs it too.
+``<host>-<date>-datasets-<backend>[-quick].{json,md}``; ``bench_sklearn.py`` runs it too.
 """
 
 from __future__ import annotations
@@ -122,6 +125,10 @@ def timed_fit(make: Callable[..., Any], seed: int, X: np.ndarray, y: np.ndarray)
 
 
 def run_case(name: str, task: str, estimator: str, seeds: tuple[int, ...]) -> dict[str, Any]:
+    from sklearn.base import clone
+
+    from ort_train_core._cache import clear_caches
+
     ours_make, theirs_make = estimators(task)[estimator]
     X, y = load(name)
     runs = []
@@ -130,13 +137,17 @@ def run_case(name: str, task: str, estimator: str, seeds: tuple[int, ...]) -> di
         X_train, X_test, y_train, y_test = split(X, y, task, seed)
         for make in (ours_make, theirs_make):  # warm-up (imports, allocators) on a few rows
             timed_fit(make, seed, X_train[:WARM_UP_ROWS], y_train[:WARM_UP_ROWS])
-        ours, t_ours = timed_fit(ours_make, seed, X_train, y_train)
+        clear_caches()
+        cold, t_cold = timed_fit(ours_make, seed, X_train, y_train)
+        ours, t_ours = timed_fit(lambda **_: clone(cold), seed, X_train, y_train)  # noqa: B023
         theirs, t_theirs = timed_fit(theirs_make, seed, X_train, y_train)
         runs.append(
             {
                 "seed": seed,
                 "score": float(ours.score(X_test, y_test)),
+                "cold_score": float(cold.score(X_test, y_test)),
                 "sklearn_score": float(theirs.score(X_test, y_test)),
+                "cold_fit_s": t_cold,
                 "fit_s": t_ours,
                 "sklearn_fit_s": t_theirs,
                 "n_iter": int(ours.n_iter_),
@@ -153,6 +164,8 @@ def run_case(name: str, task: str, estimator: str, seeds: tuple[int, ...]) -> di
         "score": float(np.mean([r["score"] for r in runs])),
         "sklearn_score": float(np.mean([r["sklearn_score"] for r in runs])),
         "time_ratio": float(sum(r["fit_s"] for r in runs) / sum(r["sklearn_fit_s"] for r in runs)),
+        "cold_ratio": float(sum(r["cold_fit_s"] for r in runs) / sum(r["sklearn_fit_s"] for r in runs)),
+        "warm_equals_cold": all(r["score"] == r["cold_score"] for r in runs),
         "loadavg_1min": [load_before, common.loadavg()],
     }
 
@@ -175,7 +188,8 @@ def run(quick: bool) -> dict[str, Any]:
                     case = run_case(name, task, estimator, seeds)
                     print(
                         f"{name:>30} {estimator:>14}: score {case['score']:.3f} vs "
-                        f"{case['sklearn_score']:.3f}, time x{case['time_ratio']:.2f}",
+                        f"{case['sklearn_score']:.3f}, time x{case['time_ratio']:.2f} (cold "
+                        f"x{case['cold_ratio']:.2f}, warm score = cold: {case['warm_equals_cold']})",
                         flush=True,
                     )
                     cases.append(case)
@@ -189,9 +203,12 @@ def run(quick: bool) -> dict[str, Any]:
                     cases.append(case)
     finally:
         undo()
+    from ort_train_core._backends import default_backend_name
+
+    config = {"quick": quick, "seeds": list(seeds), "threads": 1, "test_size": 0.25}
     return {
         "date": common.today(),
-        "config": {"quick": quick, "seeds": list(seeds), "threads": 1, "test_size": 0.25},
+        "config": {**config, "backend": default_backend_name()},
         "machine": common.machine_info(),
         "cases": cases,
     }
@@ -213,15 +230,18 @@ def markdown_lines(report: dict[str, Any]) -> list[str]:
         "scikit-learn",
         "diff",
         "n_iter_",
-        "fit ms",
-        "time ratio",
+        "fit ms: cold / warm / scikit-learn",
+        "time ratio (warm)",
     ]
     align = ["l", "r", "l", "r", "r", "r", "r", "r", "r"]
+    backend = report["config"].get("backend")
     lines = [
-        f"### Default parameters on scikit-learn's datasets ({len(seeds)} seed(s), one thread)",
+        f"### Default parameters on scikit-learn's datasets ({len(seeds)} seed(s), one thread, "
+        f"backend {backend})",
         "",
-        "Score: test accuracy or R² (25 % split), mean over the seeds; time: fit seconds of ours over "
-        "scikit-learn's, summed over the seeds (< 1: ours faster).",
+        "Score: test accuracy or R² (25 % split) of the warm fit (equal to the cold fit's), mean over "
+        "the seeds; time: warm fit seconds of ours over scikit-learn's, summed over the seeds (< 1: ours "
+        "faster); cold: a fit on empty caches (graphs and sessions built).",
         "",
     ]
     lines += common.markdown_table(header, tables[0], align)
@@ -256,7 +276,7 @@ def _rows(cases: list[dict[str, Any]]) -> list[list[str]]:
                 f"{c['sklearn_score']:.3f}",
                 f"{c['score'] - c['sklearn_score']:+.3f}",
                 f"{mean('n_iter'):.0f} / {mean('sklearn_n_iter'):.0f}",
-                f"{mean('fit_s', 1e3):.1f} / {mean('sklearn_fit_s', 1e3):.1f}",
+                " / ".join(f"{mean(k, 1e3):.1f}" for k in ("cold_fit_s", "fit_s", "sklearn_fit_s")),
                 f"{c['time_ratio']:.2f}",
             ]
         )
@@ -269,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     report = run(args.quick)
     text = "\n".join(["# Datasets", "", common.machine_line(report["machine"]), "", *markdown_lines(report)])
     print(f"\n{text}")
-    common.write_report(args.out, "datasets", args.quick, report, text + "\n")
+    common.write_report(args.out, f"datasets-{report['config']['backend']}", args.quick, report, text + "\n")
     return 0
 
 

@@ -1,37 +1,116 @@
 """One bounded cache for what is costly to build and the same for equal keys: onnxruntime
-sessions (by graph bytes and options) and fused step graphs (by model content and settings)."""
+sessions (by graph bytes and options) and fused step graphs (by model content and settings).
+
+A graph record, a loss graph or a forward/backward pair depends on a model's structure, not on
+the values of the weights it trains (those are fed to the steps): such caches are keyed by
+:func:`model_digest` without those values, and a hit takes the new model's values
+(:func:`with_values`), so that a refit from other initial weights builds nothing again."""
 
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Collection, Hashable
 from typing import Generic, TypeVar
 
 from onnx import ModelProto
+
+from ._builder import FLOAT_TYPES
 
 V = TypeVar("V")
 
 #: models larger than this (serialised bytes) are not kept in the graph caches: those save the
 #: setup of small fits (milliseconds), while each entry holds copies of the model's weights
-#: (about 4 times its size), and a model's random initial weights make most keys new
+#: (about 4 times its size)
 MAX_CACHED_MODEL_BYTES = 1 << 20
 
 
-def model_digest(model: ModelProto) -> bytes:
+#: the fields of a TensorProto that hold its values (its name, type, shape and storage stay)
+_VALUE_FIELDS = ("raw_data", "float_data", "double_data", "int32_data", "int64_data", "uint64_data")
+
+
+def model_digest(model: ModelProto, without_values: Collection[str] = ()) -> bytes:
     """sha256 of the serialised model: equal for equal content, whatever the object.
 
     Parameters
     ----------
     model : onnx.ModelProto
         The model (graph, initializers, opsets and metadata all count).
+    without_values : collection of str, default=()
+        Initializers whose values do not count (their names, element types and shapes do):
+        the weights a graph built from the model takes as inputs.
 
     Returns
     -------
     bytes
         The 32-byte digest.
     """
-    return hashlib.sha256(model.SerializeToString()).digest()
+    if not without_values:
+        return hashlib.sha256(model.SerializeToString()).digest()
+    names = set(without_values)
+    out = ModelProto()
+    out.CopyFrom(model)
+    for tensor in out.graph.initializer:
+        if tensor.name in names:
+            for field in _VALUE_FIELDS:
+                tensor.ClearField(field)
+    return hashlib.sha256(out.SerializeToString()).digest()
+
+
+def float_initializers(model: ModelProto) -> list[str]:
+    """The names of the float initializers of ``model`` (every weight it may train)."""
+    return [t.name for t in model.graph.initializer if t.data_type in FLOAT_TYPES]
+
+
+def keeps_values(source: ModelProto, built: ModelProto, names: Collection[str]) -> bool:
+    """Whether every initializer ``names`` of ``source`` is in ``built`` unchanged: a graph
+    built from ``source`` that a hit of another model's values may reuse (:func:`with_values`).
+
+    Parameters
+    ----------
+    source, built : onnx.ModelProto
+        A model and a graph built from it.
+    names : collection of str
+        The initializers a hit would take from another model.
+
+    Returns
+    -------
+    bool
+        False when a name is missing from either or its tensor differs (a build that renamed,
+        cast or folded it).
+    """
+    mine = {t.name: t for t in source.graph.initializer if t.name in names}
+    theirs = {t.name: t for t in built.graph.initializer if t.name in names}
+    return len(mine) == len(theirs) == len(set(names)) and all(mine[n] == theirs[n] for n in mine)
+
+
+def with_values(model: ModelProto, source: ModelProto, names: Collection[str]) -> ModelProto:
+    """A copy of ``model`` whose initializers ``names`` are those of ``source``.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        A cached graph (not modified).
+    source : onnx.ModelProto
+        The model whose values the copy takes; each name must be one of its initializers, of the
+        same element type and shape (same :func:`model_digest` without their values).
+    names : collection of str
+        The initializers to take.
+
+    Returns
+    -------
+    onnx.ModelProto
+        The copy.
+    """
+    wanted = set(names)
+    values = {t.name: t for t in source.graph.initializer if t.name in wanted}
+    out = ModelProto()
+    out.CopyFrom(model)
+    for tensor in out.graph.initializer:
+        if tensor.name in values:
+            tensor.CopyFrom(values[tensor.name])
+    return out
 
 
 class LRUCache(Generic[V]):
@@ -53,6 +132,7 @@ class LRUCache(Generic[V]):
             raise ValueError(f"maxsize must be >= 1, got {maxsize}")
         self.maxsize = maxsize
         self._entries: OrderedDict[Hashable, V] = OrderedDict()
+        _INSTANCES.add(self)
 
     def get_or_build(self, key: Hashable, build: Callable[[], V]) -> V:
         """The entry of ``key``, built by ``build()`` and kept when absent.
@@ -73,8 +153,26 @@ class LRUCache(Generic[V]):
         if key in entries:
             entries.move_to_end(key)
             return entries[key]
-        value = build()
+        return self.put(key, build())
+
+    def put(self, key: Hashable, value: V) -> V:
+        """Keeps ``value`` as the entry of ``key`` (replacing any), the most recently used.
+
+        Parameters
+        ----------
+        key : hashable
+            What identifies the entry.
+        value : object
+            The entry.
+
+        Returns
+        -------
+        object
+            ``value``.
+        """
+        entries = self._entries
         entries[key] = value
+        entries.move_to_end(key)
         if len(entries) > self.maxsize:
             entries.popitem(last=False)
         return value
@@ -88,3 +186,15 @@ class LRUCache(Generic[V]):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+#: every cache made, for :func:`clear_caches`
+_INSTANCES: weakref.WeakSet[LRUCache[object]] = weakref.WeakSet()
+
+
+def clear_caches() -> None:
+    """Empties every :class:`LRUCache` of the process (graphs, records, sessions): the next fit
+    of any architecture builds everything again, as the first one of a process does (the
+    benchmarks' cold fits)."""
+    for cache in list(_INSTANCES):
+        cache.clear()

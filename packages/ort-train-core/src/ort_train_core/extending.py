@@ -8,8 +8,10 @@ torch adapters use, public and documented, so that no adapter imports a private 
   densified to a dtype), :func:`dense_rows` (some rows of it densified),
   :func:`warn_inexact_integers`, :func:`feature_spec` and :func:`check_features` (a graph's
   feature input and the check of a user's ``X`` against it).
-* Caches: :class:`LRUCache`, :func:`model_digest` (a key of a model's content) and
-  :data:`MAX_CACHED_MODEL_BYTES` (larger models are not cached).
+* Caches: :class:`LRUCache`, :func:`model_digest` (a key of a model's content, or of its
+  structure without some initializers' values), :func:`float_initializers`,
+  :func:`keeps_values` and :func:`with_values` (a graph cached by structure given another
+  model's values) and :data:`MAX_CACHED_MODEL_BYTES` (larger models are not cached).
 * Metadata: :data:`EPOCH_LOSS_WEIGHTS`, the loss graph's key saying how the trainers weigh each
   batch's loss in the epoch's mean.
 
@@ -22,7 +24,14 @@ rates adapted between epochs) goes in a :class:`~ort_train_core.Callback`.
 from __future__ import annotations
 
 from ._binding import count_weight_values, cpu_threads
-from ._cache import MAX_CACHED_MODEL_BYTES, LRUCache, model_digest
+from ._cache import (
+    MAX_CACHED_MODEL_BYTES,
+    LRUCache,
+    float_initializers,
+    keeps_values,
+    model_digest,
+    with_values,
+)
 from ._data import (
     check_features,
     check_sparse_structure,
@@ -46,8 +55,11 @@ __all__ = [
     "cpu_threads",
     "dense_rows",
     "feature_spec",
+    "float_initializers",
     "is_sparse",
+    "keeps_values",
     "model_digest",
     "sparse_as",
     "warn_inexact_integers",
+    "with_values",
 ]

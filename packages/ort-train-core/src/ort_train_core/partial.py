@@ -26,6 +26,7 @@ from ._binding import (
     make_session,
 )
 from ._builder import unique_name
+from ._cache import LRUCache, model_digest
 from ._data import BatchStore
 from ._gradient import (
     ForwardBackwardRunner,
@@ -92,6 +93,18 @@ class Update(NamedTuple):
     graph: ModelProto
     signature: UpdateSignature
     session: Any
+
+
+#: the partial loop's graphs built in this process, shared by every trainer over the same
+#: architecture and settings (a refit from other initial weights builds none, issue 27 item 5):
+#: forward/backward pairs by backend, graph structure (trained values left out: they are fed),
+#: weights, device and threads; loss-gradient graphs by loss, prediction type and shape, batch,
+#: reduction and backend; update graphs by weights, learning rate, penalty and backend. Their
+#: sessions come from make_session's cache
+MAX_CACHED_PARTIAL_GRAPHS = 32
+_FORWARD_BACKWARD: LRUCache[ForwardBackwardRunner] = LRUCache(MAX_CACHED_PARTIAL_GRAPHS)
+_LOSS_GRADIENTS: LRUCache[ModelProto] = LRUCache(MAX_CACHED_PARTIAL_GRAPHS)
+_UPDATES: LRUCache[tuple[ModelProto, UpdateSignature]] = LRUCache(MAX_CACHED_PARTIAL_GRAPHS)
 
 
 @dataclass
@@ -312,13 +325,13 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
         key = (str(device), batch, self._threads())
         if key not in graphs.forward_backward:
             model = set_batch_dimension(graphs.forward[0], graphs.inputs.features, batch)
-            values = count_weight_values(model, set(graphs.inputs.parameters))
-            graphs.forward_backward[key] = default_backend().forward_backward(
-                model,
-                graphs.inputs.parameters,
-                [],
-                device,
-                threads=cpu_threads(device, batch, values, key[2]),
+            weights = graphs.inputs.parameters
+            threads = cpu_threads(device, batch, count_weight_values(model, set(weights)), key[2])
+            backend = default_backend()
+            # the pair takes the weights as inputs: keyed by the graph without their values
+            shared = (backend.name, model_digest(model, graphs.fed), tuple(weights), str(device), threads)
+            graphs.forward_backward[key] = _FORWARD_BACKWARD.get_or_build(
+                shared, lambda: backend.forward_backward(model, weights, [], device, threads=threads)
             )
         return graphs.forward_backward[key]
 
@@ -329,7 +342,11 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
             pred = graphs.prediction.graph.output[self.output_index].name
             pred_type, pred_shape = output_shape(graphs.prediction, pred)
             check_output_size(pred, pred_shape)
-            model = build_loss_gradient_graph(self._loss(), pred_type, pred_shape, batch, self.reduction)
+            loss, reduction = self._loss(), self.reduction
+            model = _LOSS_GRADIENTS.get_or_build(
+                (repr(loss), pred_type, tuple(pred_shape), batch, reduction, default_backend().name),
+                lambda: build_loss_gradient_graph(loss, pred_type, pred_shape, batch, reduction),
+            )
             # elementwise work on the predictions: the steps' one-thread rule, outputs as weights
             per_row = pred_shape[1:]
             outputs = math.prod(per_row) if all(isinstance(d, int) and d > 0 for d in per_row) else math.inf
@@ -350,7 +367,10 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
                 if isinstance(penalty, NoLearningPenalty)
                 else default_penalized_weights(graphs.loss_model, weights)
             )
-            model, sig = build_update_graph(spec, lr, penalty, penalized)
+            model, sig = _UPDATES.get_or_build(
+                (repr(spec), repr(lr), repr(penalty), tuple(penalized), default_backend().name),
+                lambda: build_update_graph(spec, lr, penalty, penalized),
+            )
             threads = cpu_threads(device, 1, count_input_values(model, weights), key[2])
             graphs.updates[key] = Update(model, sig, make_session(model, device, threads=threads))
         return graphs.updates[key]

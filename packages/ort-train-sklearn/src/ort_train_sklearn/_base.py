@@ -6,6 +6,7 @@ loops, and keeps the trained weights on the host. Sessions are rebuilt lazily an
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import warnings
@@ -46,10 +47,13 @@ from ort_train_core.extending import (
     count_weight_values,
     cpu_threads,
     dense_rows,
+    float_initializers,
     is_sparse,
+    keeps_values,
     model_digest,
     sparse_as,
     warn_inexact_integers,
+    with_values,
 )
 from ort_train_core.graph import initializer_values, inputs_to_initializers, set_metadata
 
@@ -171,26 +175,41 @@ def _n_rows(X: Any) -> int:
     return int(X[0].shape[0] if isinstance(X, tuple) else X.shape[0])
 
 
-#: loss graphs built in this process, by initial graph and loss settings: every fit of a linear
-#: drop-in starts from the same graph (zero weights), and add_loss_output (normalisation, checks,
-#: shape inference) takes about 1.5 ms of a 5 ms fit of a small set
-_LOSS_GRAPHS: LRUCache[ModelProto] = LRUCache(16)
+#: loss graphs built in this process, by initial graph structure (its weights' values left out)
+#: and loss settings, with whether the build kept the weights as they were: every fit of a
+#: drop-in of one architecture (an MLP from other random weights too) reuses one, and
+#: add_loss_output (normalisation, checks, shape inference) takes 1.2-2.6 ms of each fit
+_LOSS_GRAPHS: LRUCache[tuple[ModelProto, bool]] = LRUCache(16)
 
 
 def _loss_graph(
     model: ModelProto, score: Any, penalty: dict[str, dict[str, float]] | None, reduction: str
 ) -> ModelProto:
-    """``add_loss_output(model, score, ...)`` for the full loop, from the cache when the same
-    graph and settings were seen (a copy: the trainer owns its model)."""
+    """``add_loss_output(model, score, ...)`` for the full loop, from the cache when a graph of
+    the same structure and settings was seen (a copy with ``model``'s weights: the trainer owns
+    its model)."""
+    floats = float_initializers(model)
 
-    def build() -> ModelProto:
+    def build() -> tuple[ModelProto, bool]:
         weight = "sample_weight"
-        return add_loss_output(model, score, weight_name=weight, penalty=penalty, reduction=reduction)
+        graph = add_loss_output(model, score, weight_name=weight, penalty=penalty, reduction=reduction)
+        return graph, keeps_values(model, graph, floats)
 
     if model.ByteSize() > MAX_CACHED_MODEL_BYTES:
-        return build()
-    key = (model_digest(model), type(score), repr(score), repr(penalty), reduction)
-    return copy_model(_LOSS_GRAPHS.get_or_build(key, build))
+        return build()[0]
+    settings = (type(score), repr(score), repr(penalty), reduction)
+    graph, fed = _LOSS_GRAPHS.get_or_build((model_digest(model, floats), *settings), build)
+    if fed:
+        return with_values(graph, model, floats)
+    # the build changed a weight's tensor: only a model of the same values may reuse it
+    return copy_model(_LOSS_GRAPHS.get_or_build((model_digest(model), *settings), build)[0])
+
+
+@functools.cache
+def _param_names(cls: type[BaseEstimator]) -> tuple[str, ...]:
+    """The parameter names of an estimator class (BaseEstimator's inspection, once)."""
+    names: list[str] = super(OrtEstimatorMixin, cls)._get_param_names()  # type: ignore[arg-type]
+    return tuple(names)
 
 
 def _n_features(X: Any) -> int:
@@ -308,6 +327,12 @@ class OrtEstimatorMixin(BaseEstimator):
     #: whether X may be a scipy.sparse matrix (scikit-learn's SGD and MLP estimators): kept in
     #: CSR, each batch densified when it is gathered, predictions in chunks
     _accepts_sparse = False
+
+    @classmethod
+    def _get_param_names(cls) -> list[str]:
+        """scikit-learn's, read once per class: it inspects ``__init__``'s signature at every
+        ``get_params`` (0.13 ms, where a fit reads its parameters two or three times)."""
+        return list(_param_names(cls))
 
     # ---- what a subclass says -----------------------------------------------------------
     def _initial_graph(self, n_features: int, n_outputs: int, rng: np.random.RandomState) -> ModelProto:
