@@ -12,7 +12,7 @@ import hashlib
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Hashable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from onnx import ModelProto
 
@@ -189,7 +189,7 @@ class LRUCache(Generic[V]):
 
 
 #: every cache made, for :func:`clear_caches`
-_INSTANCES: weakref.WeakSet[LRUCache[object]] = weakref.WeakSet()
+_INSTANCES: weakref.WeakSet[LRUCache[Any]] = weakref.WeakSet()
 
 
 def clear_caches() -> None:

@@ -6,7 +6,6 @@ loops, and keeps the trained weights on the host. Sessions are rebuilt lazily an
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import warnings
@@ -205,11 +204,8 @@ def _loss_graph(
     return copy_model(_LOSS_GRAPHS.get_or_build((model_digest(model), *settings), build)[0])
 
 
-@functools.cache
-def _param_names(cls: type[BaseEstimator]) -> tuple[str, ...]:
-    """The parameter names of an estimator class (BaseEstimator's inspection, once)."""
-    names: list[str] = super(OrtEstimatorMixin, cls)._get_param_names()  # type: ignore[arg-type]
-    return tuple(names)
+#: the parameter names of each estimator class (BaseEstimator's inspection, once)
+_PARAM_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 def _n_features(X: Any) -> int:
@@ -332,7 +328,10 @@ class OrtEstimatorMixin(BaseEstimator):
     def _get_param_names(cls) -> list[str]:
         """scikit-learn's, read once per class: it inspects ``__init__``'s signature at every
         ``get_params`` (0.13 ms, where a fit reads its parameters two or three times)."""
-        return list(_param_names(cls))
+        names = _PARAM_NAMES.get(cls)
+        if names is None:
+            names = _PARAM_NAMES[cls] = tuple(super()._get_param_names())
+        return list(names)
 
     # ---- what a subclass says -----------------------------------------------------------
     def _initial_graph(self, n_features: int, n_outputs: int, rng: np.random.RandomState) -> ModelProto:
