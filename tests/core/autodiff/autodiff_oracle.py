@@ -138,8 +138,21 @@ class Mean(OpRun):
         return ((sum(args) / len(args)).astype(args[0].dtype),)
 
 
+class GatherElements(OpRun):
+    """GatherElements with indices smaller than the data on the other axes (onnx.reference
+    refuses them)."""
+
+    op_domain = ""
+
+    def _run(self, data: np.ndarray, indices: np.ndarray, axis: int = 0) -> tuple[np.ndarray]:
+        axis = axis % data.ndim
+        grid = list(np.indices(indices.shape, sparse=True))
+        grid[axis] = np.where(indices < 0, indices + data.shape[axis], indices)
+        return (data[tuple(grid)],)
+
+
 def evaluator(model: onnx.ModelProto) -> ReferenceEvaluator:
-    return ReferenceEvaluator(model, new_ops=[Erf, Gelu, Mean, Pad])
+    return ReferenceEvaluator(model, new_ops=[Erf, GatherElements, Gelu, Mean, Pad])
 
 
 # ---- building ----------------------------------------------------------------------------------

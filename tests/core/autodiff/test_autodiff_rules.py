@@ -210,6 +210,7 @@ for _eq, _sa, _sb in [
     ("ij,ij->", (3, 4), (3, 4)),  # a full contraction: a scalar
     ("bi,bj->ij", (2, 3), (2, 4)),
     ("ik,jk->ji", (3, 4), (2, 4)),
+    ("ij,jk->i", (3, 4), (4, 2)),  # k only in the second operand, summed
 ]:
     case(
         f"einsum_{_eq}",
@@ -380,9 +381,10 @@ case(
     {"i": np.array([1, 1, 3], np.int32)},
 )
 _ge = np.array([[0, 2, 2], [-1, 0, 0]], I64)
-for _axis, _shape in [(0, (3, 3)), (1, (2, 4))]:
+# (indices may be smaller than the data on the other axes too)
+for _axis, _shape in [(0, (3, 3)), (1, (2, 4)), (0, (4, 5)), (-1, (3, 4))]:
     case(
-        f"gather_elements_axis{_axis}",
+        f"gather_elements_axis{_axis}{_shape}",
         "GatherElements",
         {"X": x(f"ge{_axis}", _shape)},
         lambda t, v, a=_axis: t.gather(v["X"], a, t.tensor(np.where(_ge < 0, _ge + v["X"].shape[a], _ge))),
