@@ -13,12 +13,13 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import IO, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import onnx
 from onnx import ModelProto, numpy_helper
 
+from ._backends import get_backend
 from ._binding import check_threads
 from ._data import BatchStore, DataSpec, _count_non_finite, check_fit_arrays
 from ._data import _all_finite as _array_finite
@@ -46,6 +47,9 @@ from .exceptions import (
     TrainingStepError,
 )
 from .learning_rate import BaseLearningRate, make_learning_rate
+
+if TYPE_CHECKING:
+    from ._gradient import GradientBackend
 
 
 class StepRunner(Protocol):
@@ -184,6 +188,7 @@ class BaseOrtTrainer(ParamsMixin):
     checkpoint_dir: str | os.PathLike[str] | None
     checkpoint_every: int
     threads: int | None
+    backend: str | None
 
     # ---- hooks of a concrete trainer -------------------------------------------------
     def _prepare_graphs(self, device: Device, lr: BaseLearningRate) -> None:
@@ -265,11 +270,17 @@ class BaseOrtTrainer(ParamsMixin):
         device = parse_device(self.device)
         self._checkpoint_path()
         self._threads()
+        self._backend()
         return device, lr
 
     def _threads(self) -> int | None:
         """The ``threads`` setting, checked (None for a trainer pickled before it existed)."""
         return check_threads(getattr(self, "threads", None))
+
+    def _backend(self) -> GradientBackend:
+        """The gradient backend the ``backend`` setting names (None: the default; also for a
+        trainer pickled before the setting existed); an unknown name raises ValueError."""
+        return get_backend(getattr(self, "backend", None))
 
     def _checkpoint_path(self) -> str | None:
         """``checkpoint_dir/checkpoint.npz``, or None without checkpoint_dir (validates both
@@ -979,6 +990,7 @@ class BaseOrtTrainer(ParamsMixin):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        state.setdefault("backend", None)  # pickled before the setting: get_params reads it
         self.__dict__.update(state)
 
 

@@ -213,9 +213,10 @@ class LossGraphTrainer(BaseOrtTrainer):
 
     def _graph_params(self) -> tuple[Any, ...]:
         """The parameters the graphs depend on besides the model (set_params drops the graphs;
-        a loss object changed in place changes its repr)."""
+        a loss object changed in place changes its repr). The backend's name is one: the step
+        graphs and sessions recorded under them come from that backend, never the other's."""
         weights = None if self.weights_to_train is None else tuple(self.weights_to_train)
-        return (weights, *self._input_overrides())
+        return (weights, *self._input_overrides(), self._backend().name)
 
     def _batches_weighted_by_sample_weight(self) -> bool:
         # 'row_mean' batch losses are means over rows already: batches weigh by their row count;

@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, helper
 
+from ._backends import BACKEND_VARIABLE, BACKENDS, get_backend
 from ._batchnorm import running_statistics
 from ._data import DataSpec, check_fit_arrays, feature_spec
 from ._exported import export_notes, exporter_constants
@@ -42,6 +43,7 @@ from .graph import (
     initializers_to_inputs,
     normalise_model,
     nothing_to_train_error,
+    set_batch_dimension,
 )
 from .learning_rate import BaseLearningRate, LearningRateAdam, LearningRateSGD, LearningRateSGDNesterov
 
@@ -130,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("model", help="an ONNX prediction graph")
     p.add_argument("--output-index", type=int, default=0, help="the output to differentiate (default 0)")
+    _backend_argument(p)
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser(
@@ -193,6 +196,20 @@ def _training_arguments(p: argparse.ArgumentParser) -> None:
         "--shuffle", action=argparse.BooleanOptionalAction, default=True, help="shuffle each epoch"
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the shuffling and the split (default 0)")
+    _backend_argument(p)
+
+
+def _backend_argument(p: argparse.ArgumentParser) -> None:
+    """``--backend``: the gradient backend (the trainers' and the estimators' ``backend=``)."""
+    p.add_argument(
+        "--backend",
+        choices=sorted(BACKENDS),
+        default=None,
+        help=(
+            "the gradient backend: onnx (standard operators, any onnxruntime) or onnxruntime-training "
+            f"(default: ${BACKEND_VARIABLE}, else onnxruntime-training when installed, else onnx)"
+        ),
+    )
 
 
 def _output_arguments(p: argparse.ArgumentParser) -> None:
@@ -465,7 +482,9 @@ def _refuse_unfeedable_inputs(path: str, model: ModelProto) -> None:
         raise _UsageError(f"{path}: {problem}")
 
 
-def gradient_status(model: ModelProto, output_index: int = 0) -> tuple[list[str], str | None]:
+def gradient_status(
+    model: ModelProto, output_index: int = 0, backend: str | None = None
+) -> tuple[list[str], str | None]:
     """Whether a gradient graph can be built for the squared error of an output.
 
     Parameters
@@ -474,6 +493,8 @@ def gradient_status(model: ModelProto, output_index: int = 0) -> tuple[list[str]
         The prediction graph.
     output_index : int, default=0
         The output to differentiate.
+    backend : str or None, default=None
+        The gradient backend that tries (None: the default, see :func:`._backends.get_backend`).
 
     Returns
     -------
@@ -482,8 +503,7 @@ def gradient_status(model: ModelProto, output_index: int = 0) -> tuple[list[str]
     reason : str or None
         None when the gradient graph can be built, else why not (the blocking operators).
     """
-    from ._backends import default_backend
-
+    gradients = get_backend(backend)  # an unknown name is the caller's error, not the graph's
     output = _output_name(model, output_index)
     weights = default_weights_to_train(model, output)
     if not weights:
@@ -492,11 +512,22 @@ def gradient_status(model: ModelProto, output_index: int = 0) -> tuple[list[str]
     if problem is not None:
         return weights, problem
     try:
-        loss_model = add_loss_output(normalise_model(model), output_index=output_index)
-        default_backend().gradient_graph(initializers_to_inputs(loss_model, weights), "loss", weights)
+        loss_model = _fixed_batch(add_loss_output(normalise_model(model), output_index=output_index))
+        gradients.gradient_graph(initializers_to_inputs(loss_model, weights), "loss", weights)
     except (ValueError, TypeError) as exc:  # GraphNotDifferentiableError is a ValueError
         return weights, str(exc)
     return weights, None
+
+
+def _fixed_batch(model: ModelProto, batch: int = 2) -> ModelProto:
+    """``model`` with the free first dimension of its inputs fixed, as ``fit`` fixes it to the
+    batch size: the onnx backend differentiates static shapes only."""
+    free = [
+        vi.name
+        for vi in _batched_inputs(model)
+        if vi.type.tensor_type.shape.dim and not vi.type.tensor_type.shape.dim[0].HasField("dim_value")
+    ]
+    return set_batch_dimension(model, free, batch)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -524,7 +555,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print("outputs:")
     for vi in model.graph.output:
         print(f"  {vi.name}: {_type_text(vi)}")
-    weights, reason = gradient_status(model, args.output_index)
+    weights, reason = gradient_status(model, args.output_index, args.backend)
     floats = float_initializers(model)
     output = _output_name(model, args.output_index)
     print(f"trainable float initializers (that output {output!r} depends on): {len(weights)}")
@@ -733,6 +764,7 @@ def _fit_trainer(args: argparse.Namespace, loss_model: ModelProto) -> OrtGradien
         n_iter_no_change=5 if args.patience is None else args.patience,
         checkpoint_dir=args.checkpoint,
         checkpoint_every=1 if args.checkpoint_every is None else args.checkpoint_every,
+        backend=args.backend,
     )
 
 

@@ -1,6 +1,6 @@
 """The gradient graph of an ONNX graph as an ONNX model: onnxcustom's ``onnx_derivative``.
 
-Built on the gradient room's seam (:func:`~._backends.default_backend`): the gradients of the
+Built on the gradient room's seam (:func:`~._backends.get_backend`): the gradients of the
 outputs weighted by their output gradients are the gradients of one scalar,
 ``sum_k ReduceSum(Y_k * Y_k_grad)``, which the backend differentiates like any loss (a
 vector-Jacobian product). Only ``KeepYieldOp`` returns a form specific to onnxruntime-training
@@ -27,8 +27,9 @@ from pathlib import Path
 import onnx
 from onnx import ModelProto, helper
 
-from ._backends import default_backend
+from ._backends import get_backend
 from ._builder import FLOAT_TYPES, NodeBuilder, unique_name
+from ._gradient import GradientBackend
 from ._runtime import Device
 from .graph import (
     MAX_IR_VERSION,
@@ -77,12 +78,14 @@ def onnx_derivative(
     loss: str | None = None,
     label: str | Iterable[str] | None = None,
     path_name: str | Path | None = None,
+    backend: str | None = None,
 ) -> ModelProto:
     """The gradient graph of an ONNX graph, as onnxcustom's function of the same name.
 
-    A valid ONNX model with com.microsoft gradient operators (an onnxruntime-training session
-    runs it); the graph is normalised first, as for the trainers (opset 9 or 10 and IR 3 work).
-    Names are onnxcustom's (see the module's notes): ``A_grad`` is the gradient of ``A``.
+    A valid ONNX model: com.microsoft gradient operators with the ``'onnxruntime-training'``
+    backend (an onnxruntime-training session runs it), default-domain ones with ``'onnx'`` (any
+    onnxruntime runs it). The graph is normalised first, as for the trainers (opset 9 or 10 and
+    IR 3 work). Names are onnxcustom's (see the module's notes): ``A_grad`` is the gradient of ``A``.
 
     Parameters
     ----------
@@ -99,6 +102,9 @@ def onnx_derivative(
         label input(s).
     path_name : str or Path, optional
         Where to save the result too (onnxcustom required it for ``Loss``).
+    backend : {'onnx', 'onnxruntime-training'} or None, default=None
+        The gradient backend that writes the reverse pass; None: ``$ORT_TRAIN_BACKEND``, else
+        the training build when it is installed, else ``'onnx'``.
 
     Returns
     -------
@@ -119,16 +125,29 @@ def onnx_derivative(
     >>> grad = onnx_derivative(model)  # doctest: +SKIP
     >>> sess = onnxruntime.InferenceSession(grad.SerializeToString())  # doctest: +SKIP
     """
-    _check_options(options, loss, label)
-    weight_names, input_names = _name_list(weights, "weights"), _name_list(inputs, "inputs")
-    model = normalise_model(onx)
-    if options == DerivativeOptions.Loss:
-        result = _loss_derivative(model, weight_names, input_names, loss, label)
-    else:
-        result = _output_derivative(model, weight_names, input_names, options)
+    result = _derivative(onx, weights, inputs, options, loss, label, backend)
     if path_name is not None:
         onnx.save(result, str(path_name))
     return result
+
+
+def _derivative(
+    onx: ModelProto,
+    weights: str | Sequence[str] | None,
+    inputs: str | Sequence[str] | None,
+    options: DerivativeOptions,
+    loss: str | None,
+    label: str | Iterable[str] | None,
+    backend: str | None,
+) -> ModelProto:
+    """:func:`onnx_derivative`'s graph: the arguments checked, the backend chosen."""
+    _check_options(options, loss, label)
+    gradients = get_backend(backend)
+    weight_names, input_names = _name_list(weights, "weights"), _name_list(inputs, "inputs")
+    model = normalise_model(onx)
+    if options == DerivativeOptions.Loss:
+        return _loss_derivative(model, weight_names, input_names, loss, label, gradients)
+    return _output_derivative(model, weight_names, input_names, options, gradients)
 
 
 def _name_list(names: str | Sequence[str] | None, what: str) -> list[str] | None:
@@ -261,21 +280,25 @@ def _check_reachable(
 
 
 def _output_derivative(
-    model: ModelProto, weights: list[str] | None, inputs: list[str] | None, options: DerivativeOptions
+    model: ModelProto,
+    weights: list[str] | None,
+    inputs: list[str] | None,
+    options: DerivativeOptions,
+    backend: GradientBackend,
 ) -> ModelProto:
     outputs = _float_outputs(model)
     if not outputs:
         raise ValueError("the graph has no float output to differentiate")
     names, weights = _names(model, weights, inputs, outputs, set())
     if options == DerivativeOptions.KeepYieldOp:
-        runner = default_backend().forward_backward(model, weights, names, Device("cpu"))
+        runner = backend.forward_backward(model, weights, names, Device("cpu"))
         return runner.graphs.gradient_model
     grads = [f"{n}_grad" for n in [*names, *weights]]
     fill = bool(options & DerivativeOptions.FillGrad)
     public = {} if fill else _seed_names(model, outputs, grads)
     moved = initializers_to_inputs(model, weights)
     seeded, loss_name, seeds = _seeded_sum(moved, outputs, public)
-    grad = default_backend().gradient_graph(seeded, loss_name, [*names, *weights])
+    grad = backend.gradient_graph(seeded, loss_name, [*names, *weights])
     kept = [o.name for o in model.graph.output] if options & DerivativeOptions.KeepOutputs else []
     return _finish(grad, grads, kept, seeds, [i.name for i in seeded.graph.input])
 
@@ -367,6 +390,7 @@ def _loss_derivative(
     inputs: list[str] | None,
     loss: str | None,
     label: str | Iterable[str] | None,
+    backend: GradientBackend,
 ) -> ModelProto:
     outputs = [o.name for o in model.graph.output]
     if loss is None or not isinstance(loss, str):
@@ -384,7 +408,7 @@ def _loss_derivative(
     names, weights = _names(model, weights, inputs, [loss], labels)
     moved = initializers_to_inputs(model, weights)
     grads = [f"{n}_grad" for n in [*names, *weights]]
-    grad = default_backend().gradient_graph(moved, loss, [*names, *weights])
+    grad = backend.gradient_graph(moved, loss, [*names, *weights])
     return _finish(grad, grads, outputs, {}, [i.name for i in moved.graph.input])
 
 

@@ -12,6 +12,8 @@ torch adapters use, public and documented, so that no adapter imports a private 
   structure without some initializers' values), :func:`float_initializers`,
   :func:`keeps_values` and :func:`with_values` (a graph cached by structure given another
   model's values) and :data:`MAX_CACHED_MODEL_BYTES` (larger models are not cached).
+* Gradient backends: :data:`BACKENDS`, the names a ``backend=`` parameter accepts (besides
+  None, the default), for an adapter's own validation.
 * Metadata: :data:`EPOCH_LOSS_WEIGHTS`, the loss graph's key saying how the trainers weigh each
   batch's loss in the epoch's mean.
 
@@ -23,6 +25,7 @@ rates adapted between epochs) goes in a :class:`~ort_train_core.Callback`.
 
 from __future__ import annotations
 
+from ._backends import BACKENDS
 from ._binding import count_weight_values, cpu_threads
 from ._cache import (
     MAX_CACHED_MODEL_BYTES,
@@ -45,6 +48,7 @@ from ._loss_trainer import EPOCH_LOSS_WEIGHTS
 from ._runtime import Device
 
 __all__ = [
+    "BACKENDS",
     "EPOCH_LOSS_WEIGHTS",
     "MAX_CACHED_MODEL_BYTES",
     "Device",

@@ -12,9 +12,9 @@ import numpy as np
 from onnx import ModelProto
 
 from . import _batchnorm as batchnorm
-from ._backends import default_backend
+from ._backends import get_backend
 from ._binding import DeviceArray, check_threads, io_binding, make_session, to_ortvalue
-from ._gradient import ForwardBackwardGraphs, ForwardBackwardRunner
+from ._gradient import ForwardBackwardGraphs, ForwardBackwardRunner, GradientBackend
 from ._ort_errors import onnxruntime_errors
 from ._runtime import Device, parse_device
 from .exceptions import GraphNotDifferentiableError
@@ -71,6 +71,11 @@ class OrtGradientForwardBackward:
     threads : int or None, default=None
         onnxruntime's intra-op threads of its sessions (the pair and the inference session);
         None: onnxruntime's default pool.
+    backend : {'onnx', 'onnxruntime-training'} or None, default=None
+        The gradient backend that builds the pair: ``'onnx'`` (our reverse pass in standard
+        operators: two inference sessions) or ``'onnxruntime-training'`` (TrainingAgent);
+        None: ``$ORT_TRAIN_BACKEND``, else the training build when it is installed, else
+        ``'onnx'``.
 
     Attributes
     ----------
@@ -96,6 +101,8 @@ class OrtGradientForwardBackward:
     ------
     GraphNotDifferentiableError
         When a weight has no gradient or an operator on the way has none.
+    ValueError
+        When ``backend`` names no registered backend (the message lists them).
     """
 
     def __init__(
@@ -105,12 +112,15 @@ class OrtGradientForwardBackward:
         device: str = "cpu",
         input_names_requiring_grad: Sequence[str] | None = None,
         threads: int | None = None,
+        backend: str | None = None,
     ) -> None:
         if not isinstance(model_onnx, ModelProto):
             raise TypeError(f"model_onnx must be an onnx.ModelProto, not {type(model_onnx).__name__}")
         self.model_onnx = model_onnx
         self.device = parse_device(device)
         self.threads = check_threads(threads)
+        self.backend = backend
+        gradients = get_backend(backend)  # an unknown name is refused before any work
         model = normalise_model(model_onnx)
         types = value_types(model)
         weights = _checked_weights(model, weights_to_train, types)
@@ -121,7 +131,7 @@ class OrtGradientForwardBackward:
         )
         # the outputs forward returns must survive the backward: no memory reuse
         self._pair = _forward_backward_pair(
-            forward, weights, requiring, self.device, types, weights_to_train, self.threads
+            forward, weights, requiring, self.device, types, weights_to_train, self.threads, gradients
         )
         self.graphs: ForwardBackwardGraphs = self._pair.graphs
         self.weights_to_train = list(self.graphs.weights)
@@ -151,6 +161,7 @@ class OrtGradientForwardBackward:
             "device": str(self.device),
             "input_names_requiring_grad": self.input_names_requiring_grad,
             "threads": self.threads,
+            "backend": self.backend,
             "weights": self.get_weights(),
             "statistics": self.get_statistics(),
         }
@@ -421,12 +432,13 @@ def _forward_backward_pair(
     types: Mapping[str, int],
     weights_to_train: Sequence[str] | None,
     threads: int | None = None,
+    backend: GradientBackend | None = None,
 ) -> ForwardBackwardRunner:
     """The backend's pair; by default (``weights_to_train`` None), a float initializer the
     backend finds no gradient for (an input of an operator it does not differentiate there) is
     a constant, not a weight: it is dropped from ``weights`` and the pair built again."""
     graph = initializers_to_inputs(model, [])
-    backend = default_backend()
+    backend = backend or get_backend()
     while True:
         try:
             return backend.forward_backward(

@@ -171,6 +171,11 @@ class OrtGradientOptimizer(LossGraphTrainer):
         onnxruntime's intra-op threads in every session the trainer makes (steps, validation
         loss, score); None: one thread where a step's work (batch x trained weight values) is
         at most ``_binding.CPU_ONE_THREAD_MAX_WORK``, else onnxruntime's default pool.
+    backend : {'onnx', 'onnxruntime-training'} or None, default=None
+        The gradient backend that builds the fused steps: ``'onnx'`` (our reverse pass in
+        standard operators, any onnxruntime) or ``'onnxruntime-training'`` (the training
+        build's gradient builder); None: ``$ORT_TRAIN_BACKEND``, else the training build when
+        it is installed, else ``'onnx'``. Checked at :meth:`fit`.
 
     Attributes
     ----------
@@ -204,6 +209,7 @@ class OrtGradientOptimizer(LossGraphTrainer):
         checkpoint_dir: str | os.PathLike[str] | None = None,
         checkpoint_every: int = 1,
         threads: int | None = None,
+        backend: str | None = None,
     ) -> None:
         self.model_onnx = model_onnx
         self.weights_to_train = weights_to_train
@@ -224,6 +230,7 @@ class OrtGradientOptimizer(LossGraphTrainer):
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
         self.threads = threads
+        self.backend = backend
 
     _graphs_type = FusedGraphs
     _folds_unit_weights = True
@@ -263,7 +270,7 @@ class OrtGradientOptimizer(LossGraphTrainer):
             if unit_weights:
                 model = _unit_weights(model, str(inputs.sample_weight))
             graph, sig, threads = fused_step_graph(
-                model, graphs.loss_name, inputs.parameters, batch, device, lr, threads=setting
+                model, graphs.loss_name, inputs.parameters, batch, device, lr, self._backend(), setting
             )
             graphs.steps[key] = FusedStep(graph, sig, make_session(graph, device, threads=threads))
         return graphs.steps[key]

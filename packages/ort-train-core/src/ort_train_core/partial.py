@@ -16,7 +16,6 @@ import onnx
 from onnx import ModelProto, helper
 
 from . import _batchnorm as batchnorm
-from ._backends import default_backend
 from ._binding import (
     DeviceArray,
     count_input_values,
@@ -200,6 +199,12 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
         onnxruntime's intra-op threads in every session the trainer makes (steps, validation
         loss, score); None: one thread where a step's work (batch x trained weight values) is
         at most ``_binding.CPU_ONE_THREAD_MAX_WORK``, else onnxruntime's default pool.
+    backend : {'onnx', 'onnxruntime-training'} or None, default=None
+        The gradient backend that builds the forward/backward pairs and the loss and penalty
+        gradients: ``'onnx'`` (our reverse pass in standard operators, two inference sessions)
+        or ``'onnxruntime-training'`` (the training build's TrainingAgent); None:
+        ``$ORT_TRAIN_BACKEND``, else the training build when it is installed, else ``'onnx'``.
+        Checked at :meth:`fit`.
 
     Attributes
     ----------
@@ -235,6 +240,7 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
         checkpoint_dir: str | os.PathLike[str] | None = None,
         checkpoint_every: int = 1,
         threads: int | None = None,
+        backend: str | None = None,
     ) -> None:
         self.model_onnx = model_onnx
         self.weights_to_train = weights_to_train
@@ -257,6 +263,7 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
         self.threads = threads
+        self.backend = backend
 
     # ---- the pieces ------------------------------------------------------------------------
     def _loss(self) -> BaseLearningLoss:
@@ -327,7 +334,7 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
             model = set_batch_dimension(graphs.forward[0], graphs.inputs.features, batch)
             weights = graphs.inputs.parameters
             threads = cpu_threads(device, batch, count_weight_values(model, set(weights)), key[2])
-            backend = default_backend()
+            backend = self._backend()
             # the pair takes the weights as inputs: keyed by the graph without their values
             shared = (backend.name, model_digest(model, graphs.fed), tuple(weights), str(device), threads)
             graphs.forward_backward[key] = _FORWARD_BACKWARD.get_or_build(
@@ -342,10 +349,10 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
             pred = graphs.prediction.graph.output[self.output_index].name
             pred_type, pred_shape = output_shape(graphs.prediction, pred)
             check_output_size(pred, pred_shape)
-            loss, reduction = self._loss(), self.reduction
+            loss, backend, reduction = self._loss(), self._backend(), self.reduction
             model = _LOSS_GRADIENTS.get_or_build(
-                (repr(loss), pred_type, tuple(pred_shape), batch, reduction, default_backend().name),
-                lambda: build_loss_gradient_graph(loss, pred_type, pred_shape, batch, reduction),
+                (repr(loss), pred_type, tuple(pred_shape), batch, reduction, backend.name),
+                lambda: build_loss_gradient_graph(loss, pred_type, pred_shape, batch, reduction, backend),
             )
             # elementwise work on the predictions: the steps' one-thread rule, outputs as weights
             per_row = pred_shape[1:]
@@ -367,9 +374,10 @@ class OrtGradientForwardBackwardOptimizer(LossGraphTrainer):
                 if isinstance(penalty, NoLearningPenalty)
                 else default_penalized_weights(graphs.loss_model, weights)
             )
+            backend = self._backend()
             model, sig = _UPDATES.get_or_build(
-                (repr(spec), repr(lr), repr(penalty), tuple(penalized), default_backend().name),
-                lambda: build_update_graph(spec, lr, penalty, penalized),
+                (repr(spec), repr(lr), repr(penalty), tuple(penalized), backend.name),
+                lambda: build_update_graph(spec, lr, penalty, penalized, backend),
             )
             threads = cpu_threads(device, 1, count_input_values(model, weights), key[2])
             graphs.updates[key] = Update(model, sig, make_session(model, device, threads=threads))

@@ -38,6 +38,7 @@ from ort_train_core import (
     parse_device,
 )
 from ort_train_core.extending import (
+    BACKENDS,
     EPOCH_LOSS_WEIGHTS,
     MAX_CACHED_MODEL_BYTES,
     Device,
@@ -122,6 +123,7 @@ _COMMON_CONSTRAINTS: dict[str, list[Any]] = {
     "checkpoint_dir": [str, os.PathLike, None],
     "checkpoint_every": [Interval(Integral, 1, None, closed="left")],
     "threads": [Interval(Integral, 1, None, closed="left"), None],
+    "backend": [StrOptions(set(BACKENDS)), None],
 }
 
 
@@ -842,6 +844,7 @@ class OrtEstimatorMixin(BaseEstimator):
             learning_rate=self._learning_rate(scale),
             device=self.device,
             threads=self.threads,
+            backend=self.backend,
             warm_start=True,
             checkpoint_dir=None if self.checkpoint_dir is None else os.fspath(self.checkpoint_dir),
             checkpoint_every=self.checkpoint_every,

@@ -54,6 +54,13 @@ SHARED_ENTRIES: dict[str, Entry] = {
         "validation, predictions); None: one thread where the work is small (batch x weight\n"
         "values up to 1e7), onnxruntime's default pool above.",
     ),
+    "backend": (
+        "{'onnx', 'onnxruntime-training'} or None",
+        "The gradient backend of the training graphs: ``'onnx'`` (our reverse pass in standard\n"
+        "operators, any onnxruntime) or ``'onnxruntime-training'`` (the training build's\n"
+        "gradient builder); None: ``$ORT_TRAIN_BACKEND``, else the training build when it is\n"
+        "installed, else ``'onnx'``. Checked at :meth:`fit`.",
+    ),
     "training": (
         "{'full', 'partial'}",
         "``'full'``: one onnxruntime run per step, of a graph holding the loss, its gradient and\n"

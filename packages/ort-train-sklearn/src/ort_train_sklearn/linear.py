@@ -94,7 +94,7 @@ _SGD_ENTRIES: dict[str, Entry] = {
         "%(penalty)s\n%(alpha)s\n%(l1_ratio)s\n%(fit_intercept)s\n%(max_iter)s\n%(tol)s\n%(shuffle)s\n"
         "%(verbose)s\n%(random_state)s\n%(learning_rate)s\n%(eta0)s\n%(power_t)s\n%(early_stopping)s\n"
         "%(validation_fraction)s\n%(n_iter_no_change)s\n%(warm_start)s\n%(average)s\n%(batch_size)s\n%(device)s\n"
-        "%(training)s\n%(checkpoint_dir)s\n%(checkpoint_every)s\n%(threads)s"
+        "%(training)s\n%(checkpoint_dir)s\n%(checkpoint_every)s\n%(threads)s\n%(backend)s"
     ),
 }
 
@@ -336,6 +336,7 @@ class OrtSGDRegressor(OrtRegressorMixin, RegressorMixin, _OrtSGDBase):
         checkpoint_dir: str | None = None,
         checkpoint_every: int = 1,
         threads: int | None = None,
+        backend: str | None = None,
     ) -> None:
         self.loss = loss
         self.penalty = penalty
@@ -362,6 +363,7 @@ class OrtSGDRegressor(OrtRegressorMixin, RegressorMixin, _OrtSGDBase):
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
         self.threads = threads
+        self.backend = backend
 
     def _loss(self, n_outputs: int) -> tuple[Any, Any, float]:
         # scikit-learn's squared_error is (y - p)^2 / 2, ours (y - p)^2
@@ -449,6 +451,7 @@ class OrtSGDClassifier(OrtClassifierMixin, ClassifierMixin, _OrtSGDBase):
         multi_class: str = "ovr",
         class_weight: Any = None,
         threads: int | None = None,
+        backend: str | None = None,
     ) -> None:
         self.loss = loss
         self.penalty = penalty
@@ -476,6 +479,7 @@ class OrtSGDClassifier(OrtClassifierMixin, ClassifierMixin, _OrtSGDBase):
         self.multi_class = multi_class
         self.class_weight = class_weight
         self.threads = threads
+        self.backend = backend
 
     def _loss(self, n_outputs: int) -> tuple[Any, Any, float]:
         # scikit-learn's dloss of each of these is the gradient of ours: scale 1

@@ -25,6 +25,7 @@ from ort_train_core import (
     parse_device,
 )
 from ort_train_core.extending import dense_rows, is_sparse
+from ort_train_core.graph import set_batch_dimension
 
 from ._base import (
     _COMMON_CONSTRAINTS,
@@ -77,7 +78,7 @@ _MLP_ENTRIES: dict[str, Entry] = {
         "%(learning_rate_init)s\n%(power_t)s\n%(max_iter)s\n%(shuffle)s\n%(random_state)s\n%(tol)s\n"
         "%(verbose)s\n%(warm_start)s\n%(momentum)s\n%(nesterovs_momentum)s\n%(early_stopping)s\n"
         "%(validation_fraction)s\n%(beta_1)s\n%(beta_2)s\n%(epsilon)s\n%(n_iter_no_change)s\n%(max_fun)s\n%(device)s\n"
-        "%(training)s\n%(checkpoint_dir)s\n%(checkpoint_every)s\n%(threads)s"
+        "%(training)s\n%(checkpoint_dir)s\n%(checkpoint_every)s\n%(threads)s\n%(backend)s"
     ),
 }
 
@@ -239,6 +240,8 @@ class _OrtMLPBase(OrtEstimatorMixin):
         )
         data_inputs = {i.name for i in model.graph.input}
         labels = [i for i in loss_model.graph.input if i.name not in data_inputs and i.name not in names]
+        # the whole set is one batch: its size fixed (the onnx backend differentiates static shapes)
+        loss_model = set_batch_dimension(loss_model, [*data_inputs, *(i.name for i in labels)], n)
         grad_model = onnx_derivative(
             loss_model,
             weights=names,
@@ -246,6 +249,7 @@ class _OrtMLPBase(OrtEstimatorMixin):
             options=DerivativeOptions.Loss,
             loss="loss",
             label=[i.name for i in labels],
+            backend=self.backend,
         )
         # threads=None: onnxruntime's default pool, as before the setting
         sess = inference_session(grad_model.SerializeToString(), parse_device(self.device), self.threads)
@@ -374,6 +378,7 @@ class OrtMLPRegressor(OrtRegressorMixin, RegressorMixin, _OrtMLPBase):
         checkpoint_dir: str | None = None,
         checkpoint_every: int = 1,
         threads: int | None = None,
+        backend: str | None = None,
     ) -> None:
         self.loss = loss
         self.hidden_layer_sizes = hidden_layer_sizes
@@ -404,6 +409,7 @@ class OrtMLPRegressor(OrtRegressorMixin, RegressorMixin, _OrtMLPBase):
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
         self.threads = threads
+        self.backend = backend
 
     def _loss(self, n_outputs: int) -> tuple[str, str, float]:
         # scikit-learn backpropagates (p - y) per output: the gradient of sum_k (p - y)^2 / 2
@@ -473,6 +479,7 @@ class OrtMLPClassifier(OrtClassifierMixin, ClassifierMixin, _OrtMLPBase):
         checkpoint_dir: str | None = None,
         checkpoint_every: int = 1,
         threads: int | None = None,
+        backend: str | None = None,
     ) -> None:
         self.hidden_layer_sizes = hidden_layer_sizes
         self.activation = activation
@@ -502,6 +509,7 @@ class OrtMLPClassifier(OrtClassifierMixin, ClassifierMixin, _OrtMLPBase):
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
         self.threads = threads
+        self.backend = backend
 
     def _loss(self, n_outputs: int) -> tuple[str, str, float]:
         if getattr(self, "_multilabel", False):  # an indicator matrix: one binary loss per label

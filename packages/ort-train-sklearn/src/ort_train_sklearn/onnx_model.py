@@ -56,7 +56,7 @@ _ONNX_MODEL_ENTRIES: dict[str, Entry] = {
         "%(alpha)s\n%(solver)s\n%(learning_rate_init)s\n%(momentum)s\n%(nesterovs_momentum)s\n"
         "%(batch_size)s\n%(max_iter)s\n%(tol)s\n%(n_iter_no_change)s\n%(shuffle)s\n%(random_state)s\n"
         "%(early_stopping)s\n%(validation_fraction)s\n%(warm_start)s\n%(verbose)s\n%(device)s\n"
-        "%(training)s\n%(checkpoint_dir)s\n%(checkpoint_every)s\n%(threads)s"
+        "%(training)s\n%(checkpoint_dir)s\n%(checkpoint_every)s\n%(threads)s\n%(backend)s"
     ),
 }
 
@@ -240,6 +240,7 @@ class OnnxModelRegressor(OrtRegressorMixin, RegressorMixin, _OnnxModelBase):
         checkpoint_dir: str | None = None,
         checkpoint_every: int = 1,
         threads: int | None = None,
+        backend: str | None = None,
     ) -> None:
         self.model = model
         self.weights_to_train = weights_to_train
@@ -264,6 +265,7 @@ class OnnxModelRegressor(OrtRegressorMixin, RegressorMixin, _OnnxModelBase):
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
         self.threads = threads
+        self.backend = backend
 
     def _loss(self, n_outputs: int) -> tuple[str, str, float]:
         partial = {"squared_error": "square_error"}.get(self.loss, self.loss)
@@ -341,6 +343,7 @@ class OnnxModelClassifier(OrtClassifierMixin, ClassifierMixin, _OnnxModelBase):
         checkpoint_dir: str | None = None,
         checkpoint_every: int = 1,
         threads: int | None = None,
+        backend: str | None = None,
     ) -> None:
         self.model = model
         self.classes = classes
@@ -366,6 +369,7 @@ class OnnxModelClassifier(OrtClassifierMixin, ClassifierMixin, _OnnxModelBase):
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
         self.threads = threads
+        self.backend = backend
 
     def _loss(self, n_outputs: int) -> tuple[str, str, float]:
         return "cross_entropy", "cross_entropy", 1.0

@@ -111,11 +111,12 @@ _from_dlpack: Callable[[Any], torch.Tensor] = torch._C._from_dlpack
 
 def tensors_from_ortvalues(values: Any) -> list[torch.Tensor]:
     """Torch tensors over every OrtValue of an ``OrtValueVector`` (no copy), converted in one
-    onnxruntime call instead of one Python round trip per value.
+    onnxruntime call instead of one Python round trip per value; a backend whose runner's
+    vectors are plain lists of OrtValues (the onnx backend) gets one round trip per value.
 
     Parameters
     ----------
-    values : OrtValueVector
+    values : OrtValueVector or sequence of OrtValue
         The values.
 
     Returns
@@ -123,6 +124,8 @@ def tensors_from_ortvalues(values: Any) -> list[torch.Tensor]:
     list of torch.Tensor
         One tensor per value, bool values as ``torch.bool``.
     """
+    if not hasattr(values, "to_dlpacks"):
+        return [tensor_from_ortvalue(v) for v in values]
     tensors: list[torch.Tensor] = values.to_dlpacks(_from_dlpack)
     for k in values.bool_tensor_indices():  # bool crosses DLPack as uint8
         tensors[k] = tensors[k].to(torch.bool)
@@ -305,6 +308,11 @@ class OnnxModule(nn.Module):
     threads : int, optional
         onnxruntime's intra-op threads of every session the module makes (forward/backward,
         inference); None: onnxruntime's default pool.
+    backend : {'onnx', 'onnxruntime-training'} or None, default=None
+        The gradient backend of the forward/backward pairs: ``'onnx'`` (our reverse pass in
+        standard operators, two inference sessions, any onnxruntime) or
+        ``'onnxruntime-training'`` (TrainingAgent); None: ``$ORT_TRAIN_BACKEND``, else the
+        training build when it is installed, else ``'onnx'``. Kept by pickling and copies.
 
     Attributes
     ----------
@@ -343,6 +351,7 @@ class OnnxModule(nn.Module):
             "_weight_values",
             "_output_reach",
             "threads",
+            "backend",
         }
     )
 
@@ -351,6 +360,7 @@ class OnnxModule(nn.Module):
         model_onnx: ModelProto | bytes | str | os.PathLike[str],
         weights_to_train: Sequence[str] | None = None,
         threads: int | None = None,
+        backend: str | None = None,
     ) -> None:
         super().__init__()
         # the names in use: the class's attributes and methods (a subclass's too), and the
@@ -359,8 +369,11 @@ class OnnxModule(nn.Module):
         model = normalise_model(_load(model_onnx))
         # built on CPU with no input gradient: checks the graph and the weights now, not at the
         # first forward; it also serves that common case later
-        probe = OrtGradientForwardBackward(model, weights_to_train, device="cpu", threads=threads)
+        probe = OrtGradientForwardBackward(
+            model, weights_to_train, device="cpu", threads=threads, backend=backend
+        )
         self.threads = probe.threads
+        self.backend = backend
         self._model = model
         self.input_names: list[str] = list(probe.input_names)
         self.output_names: list[str] = list(probe.output_names)
@@ -383,7 +396,11 @@ class OnnxModule(nn.Module):
         self._onnx_dtypes: dict[str, torch.dtype] = {
             attr: t.dtype for attr, t in [*self._parameters.items(), *self._buffers.items()] if t is not None
         }
-        self._graphs: dict[tuple[str, tuple[str, ...]], OrtGradientForwardBackward] = {("cpu", ()): probe}
+        #: the pairs by device, inputs requiring a gradient and backend setting (a module whose
+        #: ``backend`` is set again builds its own pairs, never reusing the other backend's)
+        self._graphs: dict[tuple[str, tuple[str, ...], str | None], OrtGradientForwardBackward] = {
+            ("cpu", (), backend): probe
+        }
         # the outputs (indices) each input and each parameter reaches with a gradient, which the
         # backward reads at every step
         self._output_reach = _output_reach(model, self.output_names, self.input_names, weights)
@@ -430,7 +447,8 @@ class OnnxModule(nn.Module):
     def _forward_backward(
         self, device: torch.device, requiring: tuple[str, ...]
     ) -> OrtGradientForwardBackward:
-        key = (_ort_device(device), requiring)
+        backend = getattr(self, "backend", None)  # None: pickled before the setting
+        key = (_ort_device(device), requiring, backend)
         if key not in self._graphs:
             self._graphs[key] = OrtGradientForwardBackward(
                 self._model,
@@ -438,6 +456,7 @@ class OnnxModule(nn.Module):
                 device=key[0],
                 input_names_requiring_grad=list(requiring),
                 threads=self.threads,
+                backend=backend,
             )
         return self._graphs[key]
 
