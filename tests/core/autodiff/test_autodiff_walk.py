@@ -340,3 +340,13 @@ def test_computed_slice_bounds_are_refused() -> None:
         GraphNotDifferentiableError, match=r"input 2 of Slice node 'the_slice'.*to be a constant"
     ):
         get_backend("onnx").gradient_graph(model, "loss", ["X"])
+
+
+def test_value_reaching_the_loss_without_gradient_is_refused() -> None:
+    """W reaches the loss only as a Clip bound: it gets no gradient, and the backend says so."""
+    nodes = [helper.make_node("Clip", ["X", "", "W"], ["Y"], name="clip")]
+    rng = rng_for("no_gradient")
+    g = Graph("no_gradient", nodes, {"X": values(rng, (3, 4)), "W": values(rng, ())}, None)
+    model, _ = build(g)
+    with pytest.raises(GraphNotDifferentiableError, match=r"'W' gets no gradient.*a Clip's bounds"):
+        get_backend("onnx").gradient_graph(model, "loss", ["X", "W"])
