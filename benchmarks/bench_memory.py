@@ -75,13 +75,6 @@ def proc_status() -> dict[str, int]:
     return out
 
 
-def current_rss() -> int:
-    rss = proc_status().get("VmRSS")
-    if rss is None:
-        rss = common.rss_bytes() or 0
-    return rss
-
-
 def reset_peak_rss() -> bool:
     """Resets VmHWM to the current RSS (Linux >= 4.0: ``5`` into /proc/self/clear_refs)."""
     try:
@@ -169,17 +162,17 @@ def child(route: str, rows: int, epochs: int, batch: int) -> dict[str, Any]:
 
     trainer, final_loss = make_trainer(route, epochs, batch)
     common.release_free_memory()
-    rss_baseline = current_rss()
+    rss_baseline = common.rss_bytes() or 0
     X, y = make_data(rows, N_FEATURES)
     data_bytes = int(X.nbytes + y.nbytes)
-    rss_data = current_rss()
+    rss_data = common.rss_bytes() or 0
     peak_before_fit = proc_status().get("VmHWM")
     reset = reset_peak_rss()
     t = time.perf_counter()
     trainer.fit(X, y)
     seconds = time.perf_counter() - t
     status = proc_status()
-    peak = status.get("VmHWM") or current_rss()
+    peak = status.get("VmHWM") or common.rss_bytes() or 0
     if not reset and peak_before_fit is not None:
         peak = max(peak, peak_before_fit)
     loss = final_loss()

@@ -5,10 +5,11 @@ them alike. ``bench_full.py`` runs them over its targets' cases.
 A case: float32 synthetic data, a MatMul/Add(/Relu) network (:func:`mlp_onnx`) from fixed initial
 weights (Glorot uniform), the same epochs, a constant learning rate, plain SGD, no penalty,
 ``shuffle=False``; regression trains the mean squared error, binary the mean cross-entropy on the
-logit, softplus(z) - y z. Each route's note (in the reports) says what it runs; where its library
-scales the loss differently (scikit-learn's squared error is half ours), its learning rate makes
-our step and its losses are put on our scale. A route that does not apply, or whose library is
-missing, raises :class:`Skip`.
+logit(s) (ort-train and torch routes only). Each route's note (in the reports) says what it runs;
+where its library scales the loss differently (scikit-learn's squared error is half ours), its
+learning rate makes our step and its losses are put on our scale. A route that does not apply, or
+whose library is missing, raises :class:`Skip`. ``bench_backends.py`` runs the ort-train loops
+on each gradient backend (``full-onnx``, ``partial-onnxruntime-training``...) beside torch.
 
 Measures (:func:`run_case`), per route: ``setup`` (graphs, sessions, modules, timed apart where
 the route has one: the ort-train trainers' ``prepare``), a first untimed run (first-call costs)
@@ -24,8 +25,10 @@ float64 (:func:`full_loss`), the proof of equal work.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import itertools
+import os
 import sys
 import time
 import traceback
@@ -105,28 +108,23 @@ def mlp_onnx(
     return model
 
 
-def make_data(n: int, features: int, binary: bool, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(X float32 (n, F), y float32 (n, 1)) from ``default_rng(seed)``: regression y is a linear
-    part, an offset, a sine and noise; binary y are 0/1 labels drawn from a logistic model of
-    the same kind of score."""
+def make_data(n: int, features: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(X float32 (n, F), y float32 (n, 1)) from ``default_rng(seed)``: y is a linear part, an
+    offset, a sine and noise."""
     rng = np.random.default_rng(seed)
     X = rng.standard_normal((n, features)).astype(np.float32)
     x = X.astype(np.float64)
     w = rng.standard_normal(features) / np.sqrt(features)
-    score = x @ w + 0.5 + 0.5 * np.sin(2.0 * x[:, 0])
-    if binary:
-        y = (rng.random(n) < 1.0 / (1.0 + np.exp(-2.0 * score))).astype(np.float32)
-    else:
-        y = (score + 0.1 * rng.standard_normal(n)).astype(np.float32)
-    return X, y.reshape(n, 1)
+    y = x @ w + 0.5 + 0.5 * np.sin(2.0 * x[:, 0]) + 0.1 * rng.standard_normal(n)
+    return X, y.astype(np.float32).reshape(n, 1)
 
 
-def initial_weights(features: int, hidden: Sequence[int], seed: int) -> Layers:
+def initial_weights(features: int, hidden: Sequence[int], seed: int, outputs: int = 1) -> Layers:
     """Glorot-uniform weights (scikit-learn's MLP rule) from ``default_rng(seed)``, float32, in
-    layer order, to one output."""
+    layer order, to ``outputs`` outputs."""
     rng = np.random.default_rng(seed)
     out = []
-    for fan_in, fan_out in itertools.pairwise([features, *hidden, 1]):
+    for fan_in, fan_out in itertools.pairwise([features, *hidden, outputs]):
         bound = np.sqrt(6.0 / (fan_in + fan_out))
         W = rng.uniform(-bound, bound, (fan_in, fan_out)).astype(np.float32)
         out.append((W, rng.uniform(-bound, bound, fan_out).astype(np.float32)))
@@ -137,11 +135,14 @@ def full_loss(
     binary: bool, layers: Sequence[tuple[np.ndarray, np.ndarray]], X: np.ndarray, y: np.ndarray
 ) -> float:
     """The objective of every route on all rows, float64: mean squared error (summed over the
-    output columns) or mean binary cross-entropy on the logit, softplus(z) - y z."""
+    output columns) or mean cross-entropy on the logit, softplus(z) - y z (on several logits:
+    logsumexp(z) - z_y, y the class index)."""
     z = X.astype(np.float64)
     for k, (W, b) in enumerate(layers):
         z = z @ np.asarray(W, np.float64) + np.asarray(b, np.float64).reshape(-1)
         z = np.maximum(z, 0.0) if k < len(layers) - 1 else z
+    if binary and z.shape[1] > 1:
+        return float(np.mean(np.logaddexp.reduce(z, axis=1) - z[np.arange(len(z)), y[:, 0].astype(int)]))
     t = y.astype(np.float64).reshape(z.shape)
     return float(np.mean(np.logaddexp(0.0, z) - t * z if binary else np.sum((z - t) ** 2, axis=1)))
 
@@ -177,11 +178,14 @@ class Case:
     lr : float
         The constant learning rate of plain SGD.
     binary : bool
-        Cross-entropy on the logit instead of the squared error.
+        Cross-entropy on the logit (several outputs: on the logits, y the class index) instead of
+        the squared error.
     device : str
         Device of the ort-train and torch routes.
     threads : int
         torch's thread count.
+    ort_threads : int or None
+        The ort-train trainers' ``threads`` (None: their policy).
 
     Attributes
     ----------
@@ -202,6 +206,7 @@ class Case:
     binary: bool = False
     device: str = "cpu"
     threads: int = 1
+    ort_threads: int | None = None
     bounds: list[tuple[int, int]] = field(init=False)
     labels: np.ndarray | None = field(init=False)
 
@@ -253,8 +258,6 @@ class Route:
         Where it trains.
     keep : object
         What must outlive the runs (arrays that OrtValues view without owning them).
-    cleanup : callable or None
-        Called once the case is done.
     """
 
     run: Callable[[], float]
@@ -263,37 +266,53 @@ class Route:
     note: str
     device: str = "cpu"
     keep: Any = None
-    cleanup: Callable[[], None] | None = None
 
 
-def prediction_model(case: Case) -> Any:
-    return mlp_onnx(case.weights, graph_name=case.name)
+def prediction_model(case: Case, backend: str | None = None) -> Any:
+    # one graph name per backend: no graph or session cache of one backend serves the other
+    return mlp_onnx(case.weights, graph_name=f"{case.name}-{backend}" if backend else case.name)
 
 
-def _trainer(case: Case, partial: bool) -> Any:
+def _backend(name: str | None) -> Any:
+    """``$ORT_TRAIN_BACKEND`` set to ``name`` while the trainers build (None: left as it is)."""
+    from unittest import mock
+
+    return mock.patch.dict(os.environ, {"ORT_TRAIN_BACKEND": name} if name else {})
+
+
+def _trainer(case: Case, partial: bool, backend: str | None = None) -> Any:
     """The full loop's trainer (the loss in the graph) or the partial loop's, for the case."""
     import ort_train_core as otc
 
     loop = dict(max_iter=case.epochs, batch_size=case.batch, shuffle=False, device=case.device)
+    loop["threads"] = case.ort_threads
     if partial:
         lr = otc.LearningRateSGD(eta0=case.lr, learning_rate="constant")
         loss = "cross_entropy" if case.binary else "square_error"
         return otc.OrtGradientForwardBackwardOptimizer(
-            prediction_model(case), learning_rate=lr, learning_loss=loss, **loop
+            prediction_model(case, backend), learning_rate=lr, learning_loss=loss, **loop
         )
-    model = otc.add_loss_output(prediction_model(case), "cross_entropy" if case.binary else "squared_error")
+    loss = "cross_entropy" if case.binary else "squared_error"
+    model = otc.add_loss_output(prediction_model(case, backend), loss)
     return otc.OrtGradientOptimizer(model, learning_rate=case.lr, **loop)
 
 
-def _trainer_route(case: Case, partial: bool) -> Route:
-    """A route timing ``fit`` end to end, either loop of ort-train-core; setup: its ``prepare``."""
+def _trainer_route(case: Case, partial: bool, backend: str | None = None) -> Route:
+    """A route timing ``fit`` end to end, either loop of ort-train-core, on ``backend`` (None:
+    the default); setup: its ``prepare``."""
+    from ort_train_core._runtime import is_training_build, ort_capi
+
+    if backend == "onnxruntime-training" and not is_training_build(ort_capi):
+        raise Skip("this onnxruntime is not the training build")
     t0 = time.perf_counter()
-    trainer = _trainer(case, partial).prepare(case.X, case.target)
+    with _backend(backend):
+        trainer = _trainer(case, partial, backend).prepare(case.X, case.target)
     setup = time.perf_counter() - t0
 
     def run() -> float:
         t = time.perf_counter()
-        trainer.fit(case.X, case.target)
+        with _backend(backend):
+            trainer.fit(case.X, case.target)
         return time.perf_counter() - t
 
     def finish() -> dict[str, Any]:
@@ -304,10 +323,10 @@ def _trainer_route(case: Case, partial: bool) -> Route:
         loss = "cross_entropy" if case.binary else "square_error"
         note = (
             "OrtGradientForwardBackwardOptimizer.fit end to end on the prediction graph, learning_loss="
-            f"'{loss}', LearningRateSGD(eta0=lr, 'constant'); per step: TrainingAgent forward, "
-            "loss-gradient graph, TrainingAgent backward, update graph; setup = trainer and prepare(X, y) "
-            "(forward/backward graphs + TrainingAgent per batch size, loss-gradient and update graphs, "
-            "sessions)"
+            f"'{loss}', LearningRateSGD(eta0=lr, 'constant'); per step: forward, loss-gradient graph, "
+            "backward (a TrainingAgent, or two inference sessions on backend 'onnx'), update graph; setup = "
+            "trainer and prepare(X, y) (forward/backward pair per batch size, loss-gradient and update "
+            "graphs, sessions)"
         )
     else:
         note = (
@@ -316,6 +335,7 @@ def _trainer_route(case: Case, partial: bool) -> Route:
             "(constant SGD); setup = loss graph, trainer and prepare(X, y) (fixed-batch fused step graphs "
             "and sessions)"
         )
+    note += f"; backend {backend!r}" if backend else ""
     return Route(run, finish, setup, note, case.device, keep=trainer)
 
 
@@ -398,27 +418,19 @@ def route_floor(case: Case) -> Route:
     return Route(run, finish, None, note, keep=(keep, bindings, trainer))
 
 
-def _torch_device(case: Case) -> Any:
-    import torch
-
-    if case.device == "cpu":
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise Skip(f"torch {torch.__version__} has no CUDA here")
-    return torch.device(case.device)
-
-
 def _torch_parts(case: Case) -> tuple[Any, list[tuple[Any, Any]], Any]:
     """(device, the case's batches as tensors on it sliced once (views), the loss function),
     with ``torch.set_num_threads(case.threads)``."""
     import torch
 
-    dev = _torch_device(case)
+    dev = torch.device(case.device)
     torch.set_num_threads(case.threads)
-    Xt, yt = torch.from_numpy(case.X).to(dev), torch.from_numpy(case.y).to(dev)
+    multi = case.binary and case.weights[-1][0].shape[1] > 1  # several logits: class indices
+    Xt, yt = torch.from_numpy(case.X).to(dev), torch.from_numpy(case.labels if multi else case.y).to(dev)
     batches = [(Xt[s:e], yt[s:e]) for s, e in case.bounds]
     functional = torch.nn.functional
-    loss_fn = functional.binary_cross_entropy_with_logits if case.binary else functional.mse_loss
+    binary = functional.cross_entropy if multi else functional.binary_cross_entropy_with_logits
+    loss_fn = binary if case.binary else functional.mse_loss
     return dev, batches, loss_fn
 
 
@@ -449,7 +461,7 @@ def _numpy_plan(case: Case) -> list[tuple[Any, ...]]:
     deltas, ReLU masks, step factor), the buffers shared by the batches of one size."""
     f32 = np.float32
     units = [W.shape[1] for W, _ in case.weights]
-    factor = (1.0 if case.binary else 2.0) * case.lr
+    factor = 2.0 * case.lr
     per_size = {}
     for n in sorted({e - s for s, e in case.bounds}):
         a = [np.empty((n, u), f32) for u in units[:-1]]
@@ -470,10 +482,10 @@ def _numpy_plan(case: Case) -> list[tuple[Any, ...]]:
 
 
 def route_numpy(case: Case) -> Route:
-    f32 = np.float32
+    if case.binary:
+        raise Skip("the hand-written loop trains the squared error only")
     plan = _numpy_plan(case)
     last = len(case.weights) - 1
-    binary = case.binary
     losses = np.empty(len(plan), dtype=np.float64)
     result: dict[str, Any] = {}
 
@@ -494,18 +506,9 @@ def route_numpy(case: Case) -> Route:
                 out, dout = z[last], d[last]
                 np.matmul(h, Ws[last], out=out)
                 out += bs[last]
-                if binary:
-                    losses[i] = float(np.mean(np.logaddexp(0, out) - yb * out))
-                    # sigmoid(z) - y, as 0.5 (1 + tanh(z / 2)) - y (no overflow)
-                    np.multiply(out, f32(0.5), out=dout)
-                    np.tanh(dout, out=dout)
-                    dout *= f32(0.5)
-                    dout += f32(0.5)
-                    dout -= yb
-                else:
-                    np.subtract(out, yb, out=dout)
-                    flat = dout.reshape(-1)
-                    losses[i] = float(np.dot(flat, flat)) / n
+                np.subtract(out, yb, out=dout)
+                flat = dout.reshape(-1)
+                losses[i] = float(np.dot(flat, flat)) / n
                 dout *= step  # lr / n (and the 2 of the squared error) folded into the output delta
                 for k in range(last, -1, -1):
                     np.matmul(inputsT[k], d[k], out=gW[k])
@@ -570,24 +573,20 @@ def route_torch(case: Case) -> Route:
 
 
 def route_sk_sgd(case: Case) -> Route:
-    if case.hidden:
-        raise Skip("SGDRegressor/SGDClassifier train linear models only")
-    from sklearn.linear_model import SGDClassifier, SGDRegressor
+    if case.hidden or case.binary:
+        raise Skip("SGDRegressor trains linear regressions only")
+    from sklearn.linear_model import SGDRegressor
 
     y1 = case.flat_target
     batches = [(case.X[s:e], y1[s:e]) for s, e in case.bounds]
     # its squared loss is half ours: 2 lr; per-sample steps: / batch
-    eta0 = (1.0 if case.binary else 2.0) * case.lr / case.batch
+    eta0 = 2.0 * case.lr / case.batch
     (W0, b0), holder = case.weights[0], {}
 
     def run() -> float:
         params = dict(penalty=None, alpha=0.0, learning_rate="constant", eta0=eta0, shuffle=False, tol=None)
-        est = (
-            SGDClassifier(loss="log_loss", **params)
-            if case.binary
-            else SGDRegressor(loss="squared_error", **params)
-        )
-        est.partial_fit(*batches[0], **({"classes": np.array([0, 1])} if case.binary else {}))
+        est = SGDRegressor(loss="squared_error", **params)
+        est.partial_fit(*batches[0])
         # one call allocated the coefficients; reset them to the shared initial values
         est.coef_[...] = W0[:, 0]
         est.intercept_[...] = b0
@@ -603,23 +602,23 @@ def route_sk_sgd(case: Case) -> Route:
         est = holder["est"]
         return {"epoch_losses": None, "weights": [(est.coef_.reshape(-1, 1), est.intercept_.reshape(1))]}
 
-    name = "SGDClassifier(log_loss)" if case.binary else "SGDRegressor(squared_error)"
     note = (
-        f"{name}, one partial_fit per batch = per-sample SGD in float64; "
-        f"eta0 = {'lr' if case.binary else '2*lr'}/batch so one call moves the weights as one "
-        "mini-batch step (to first order); partial_fit reports no loss"
+        "SGDRegressor(squared_error), one partial_fit per batch = per-sample SGD in float64; "
+        "eta0 = 2*lr/batch so one call moves the weights as one mini-batch step (to first order); "
+        "partial_fit reports no loss"
     )
     return Route(run, finish, 0.0, note)
 
 
 def route_sk_mlp(case: Case) -> Route:
+    if case.binary:
+        raise Skip("MLPRegressor trains regressions only")
     from sklearn.exceptions import ConvergenceWarning
-    from sklearn.neural_network import MLPClassifier, MLPRegressor
+    from sklearn.neural_network import MLPRegressor
 
-    base = MLPClassifier if case.binary else MLPRegressor
     layers = case.weights
 
-    class FixedInit(base):  # type: ignore[misc, valid-type]
+    class FixedInit(MLPRegressor):  # type: ignore[misc]
         """scikit-learn's MLP whose fit starts from given weights (layer order)."""
 
         def _init_coef(self, fan_in: int, fan_out: int, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -627,7 +626,6 @@ def route_sk_mlp(case: Case) -> Route:
             assert W.shape == (fan_in, fan_out), (W.shape, fan_in, fan_out)
             return W.astype(dtype, copy=True), b.astype(dtype, copy=True)
 
-    scale = 1.0 if case.binary else 2.0
     holder: dict[str, Any] = {}
     params = dict(activation="relu", solver="sgd", alpha=0.0, learning_rate="constant", momentum=0.0)
 
@@ -635,7 +633,7 @@ def route_sk_mlp(case: Case) -> Route:
         est = FixedInit(
             hidden_layer_sizes=case.hidden,
             batch_size=case.batch,
-            learning_rate_init=scale * case.lr,
+            learning_rate_init=2.0 * case.lr,
             nesterovs_momentum=False,
             max_iter=case.epochs,
             shuffle=False,
@@ -657,15 +655,14 @@ def route_sk_mlp(case: Case) -> Route:
         est = holder["est"]
         assert est.n_iter_ == case.epochs, est.n_iter_
         return {
-            "epoch_losses": [scale * v for v in est.loss_curve_],
+            "epoch_losses": [2.0 * v for v in est.loss_curve_],
             "weights": list(zip(est.coefs_, est.intercepts_)),
         }
 
     note = (
-        f"{base.__name__}(hidden_layer_sizes={case.hidden}, solver='sgd', momentum=0, alpha=0, "
-        f"learning_rate_init={'2*' if scale == 2 else ''}lr, tol=0, n_iter_no_change > max_iter), "
-        "fit() end to end"
-        + ("; its loss is 0.5*MSE: loss_curve_ x 2" if scale == 2 else "; its log loss is ours")
+        f"MLPRegressor(hidden_layer_sizes={case.hidden}, solver='sgd', momentum=0, alpha=0, "
+        "learning_rate_init=2*lr, tol=0, n_iter_no_change > max_iter), fit() end to end; its loss "
+        "is 0.5*MSE: loss_curve_ x 2"
     )
     return Route(run, finish, 0.0, note)
 
@@ -679,6 +676,9 @@ FACTORIES: dict[str, Callable[[Case], Route]] = {
     "sk_sgd": route_sk_sgd,
     "sk_mlp": route_sk_mlp,
 }
+for _name in ("onnx", "onnxruntime-training"):  # the loops on a named backend (bench_backends.py)
+    FACTORIES[f"full-{_name}"] = functools.partial(_trainer_route, partial=False, backend=_name)
+    FACTORIES[f"partial-{_name}"] = functools.partial(_trainer_route, partial=True, backend=_name)
 
 
 def preload() -> None:
@@ -709,7 +709,6 @@ def _build_and_warm(
     failed: dict[str, str] = {}
     for key, factory in routes.items():
         sampler = common.RssSampler().start()
-        route: Route | None = None
         try:
             route = FACTORIES[factory](case)
             seconds = route.run()
@@ -718,7 +717,7 @@ def _build_and_warm(
             sampler.stop()
             continue
         except Exception as exc:
-            _fail(failed, key, exc, route, labels)
+            _fail(failed, key, exc, labels)
             sampler.stop()
             continue
         first[key] = (seconds, sampler.stop())
@@ -726,14 +725,10 @@ def _build_and_warm(
     return built, first, skipped, failed
 
 
-def _fail(
-    failed: dict[str, str], key: str, exc: Exception, route: Route | None, labels: Mapping[str, str]
-) -> None:
+def _fail(failed: dict[str, str], key: str, exc: Exception, labels: Mapping[str, str]) -> None:
     failed[key] = f"{type(exc).__name__}: {exc}"
     print(f"  {labels[key]}: FAILED {failed[key]}", flush=True)
     traceback.print_exc()
-    if route is not None and route.cleanup is not None:
-        route.cleanup()
 
 
 def _result(
@@ -815,15 +810,14 @@ def run_case(
             try:
                 times[key].append(built[key].run())
             except Exception as exc:
-                _fail(failed, key, exc, built.pop(key), labels)
+                built.pop(key)
+                _fail(failed, key, exc, labels)
     results: dict[str, dict[str, Any]] = {}
     for key, route in built.items():
         try:
             results[key] = _result(case, route, route.finish(), times[key], first[key])
         except Exception as exc:
-            _fail(failed, key, exc, None, labels)
-        if route.cleanup is not None:
-            route.cleanup()
+            _fail(failed, key, exc, labels)
     _compare(results, reference, rtol)
     for key, r in results.items():
         ratio = "" if r.get("ratio_vs_full") is None else f" x{r['ratio_vs_full']:.2f}"
