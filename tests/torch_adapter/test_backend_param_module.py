@@ -8,8 +8,10 @@ from __future__ import annotations
 import copy
 import pickle
 
+import numpy as np
 import pytest
 import torch
+from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 from torch_models import onnx_from_torch_mlp, torch_mlp, torch_weights_as_onnx
 
@@ -124,3 +126,41 @@ def test_a_set_backend_builds_its_own_pairs() -> None:
     assert all(
         n.domain != "com.microsoft" for fb in new.values() for n in fb.graphs.gradient_model.graph.node
     )
+
+
+@pytest.mark.parametrize("backend", BOTH)
+def test_bool_tensors_cross_dlpack_on_either_runtime(backend: str) -> None:
+    """A bool mask in, a bool output out: the training build takes them as uint8 flagged bool,
+    stock onnxruntime (1.20+) as DLPack bool, without the flag its from_dlpack no longer takes."""
+    W = np.random.default_rng(0).standard_normal((3, 2)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["X", "W"], ["XW"]),
+            helper.make_node("Where", ["M", "XW", "zero"], ["Y"]),
+            helper.make_node("Greater", ["Y", "zero"], ["P"]),
+        ],
+        "masked",
+        [
+            helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 3]),
+            helper.make_tensor_value_info("M", TensorProto.BOOL, ["N", 2]),
+        ],
+        [
+            helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 2]),
+            helper.make_tensor_value_info("P", TensorProto.BOOL, ["N", 2]),
+        ],
+        [numpy_helper.from_array(W, "W"), numpy_helper.from_array(np.zeros((), np.float32), "zero")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    module = OnnxModule(model, weights_to_train=["W"], backend=backend)
+    x = torch.randn(5, 3, generator=torch.Generator().manual_seed(1))
+    mask = torch.tensor([[True, False], [False, True], [True, True], [False, False], [True, False]])
+    y, positive = module(x, mask)
+    w = torch.from_numpy(W).requires_grad_(True)
+    expected = torch.where(mask, x @ w, torch.zeros(()))
+    torch.testing.assert_close(y, expected.detach())
+    assert positive.dtype == torch.bool
+    assert torch.equal(positive, expected.detach() > 0)
+    y.sum().backward()
+    expected.sum().backward()
+    torch.testing.assert_close(module.W.grad, w.grad)

@@ -110,6 +110,12 @@ def to_ortvalue(value: Any, device: Device, keep: list[Any]) -> Any:
     return ort_capi.OrtValue.ortvalue_from_numpy(arr, device.ort_device)
 
 
+#: whether a bool tensor crosses DLPack into onnxruntime as uint8 flagged bool: the training
+#: build (1.19) refuses DLPack bool tensors and its ``OrtValue.from_dlpack`` takes the flag;
+#: stock onnxruntime (1.20 and later) reads DLPack bool tensors and takes no flag
+DLPACK_BOOL_AS_UINT8: bool = "is_bool_tensor" in (ort_capi.OrtValue.from_dlpack.__doc__ or "")
+
+
 def ortvalue_from_dlpack(capsule: Any, is_bool: bool = False) -> Any:
     """An OrtValue over the memory a DLPack capsule describes (no copy; the OrtValue keeps the
     producer's buffer alive).
@@ -120,13 +126,17 @@ def ortvalue_from_dlpack(capsule: Any, is_bool: bool = False) -> Any:
         What ``torch.utils.dlpack.to_dlpack(tensor)`` (or any DLPack producer) returns; passing
         the tensor itself crashes onnxruntime.
     is_bool : bool, default=False
-        True for a bool tensor sent as uint8: onnxruntime refuses DLPack bool tensors.
+        True for a bool tensor sent as uint8, where :data:`DLPACK_BOOL_AS_UINT8` (the training
+        build refuses DLPack bool tensors); elsewhere a bool tensor crosses as it is and the
+        flag is not used.
 
     Returns
     -------
     OrtValue
         An onnxruntime OrtValue on the producer's device.
     """
+    if not DLPACK_BOOL_AS_UINT8:  # stock onnxruntime: the capsule alone
+        return ort_capi.OrtValue.from_dlpack(capsule)
     return ort_capi.OrtValue.from_dlpack(capsule, is_bool)
 
 

@@ -12,6 +12,8 @@ torch adapters use, public and documented, so that no adapter imports a private 
   structure without some initializers' values), :func:`float_initializers`,
   :func:`keeps_values` and :func:`with_values` (a graph cached by structure given another
   model's values) and :data:`MAX_CACHED_MODEL_BYTES` (larger models are not cached).
+* DLPack: :data:`DLPACK_BOOL_AS_UINT8`, whether a bool tensor crosses into onnxruntime as
+  uint8 (flagged for :func:`~ort_train_core.ortvalue_from_dlpack`) or as it is.
 * Gradient backends: :data:`BACKENDS`, the names a ``backend=`` parameter accepts (besides
   None, the default), for an adapter's own validation.
 * Metadata: :data:`EPOCH_LOSS_WEIGHTS`, the loss graph's key saying how the trainers weigh each
@@ -26,7 +28,7 @@ rates adapted between epochs) goes in a :class:`~ort_train_core.Callback`.
 from __future__ import annotations
 
 from ._backends import BACKENDS
-from ._binding import count_weight_values, cpu_threads
+from ._binding import DLPACK_BOOL_AS_UINT8, count_weight_values, cpu_threads
 from ._cache import (
     MAX_CACHED_MODEL_BYTES,
     LRUCache,
@@ -49,6 +51,7 @@ from ._runtime import Device
 
 __all__ = [
     "BACKENDS",
+    "DLPACK_BOOL_AS_UINT8",
     "EPOCH_LOSS_WEIGHTS",
     "MAX_CACHED_MODEL_BYTES",
     "Device",

@@ -24,6 +24,7 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 
 from ort_train_core import OrtGradientForwardBackward, describe_non_finite, load_model, ortvalue_from_dlpack
 from ort_train_core.exceptions import GraphNotDifferentiableError
+from ort_train_core.extending import DLPACK_BOOL_AS_UINT8
 from ort_train_core.graph import (
     differentiable_ancestors,
     inference_form,
@@ -59,7 +60,8 @@ def ortvalue_from_tensor(tensor: torch.Tensor) -> Any:
     """An OrtValue over the tensor's memory (no copy; it keeps the storage alive).
 
     A non-contiguous tensor is made contiguous first (a copy), as onnxruntime reads dense
-    row-major buffers. onnxruntime refuses DLPack bool tensors: they go as uint8 flagged bool.
+    row-major buffers. The training build refuses DLPack bool tensors: they go as uint8 flagged
+    bool there (``DLPACK_BOOL_AS_UINT8``), as they are on stock onnxruntime.
 
     Parameters
     ----------
@@ -74,7 +76,7 @@ def ortvalue_from_tensor(tensor: torch.Tensor) -> Any:
     t = tensor.detach()
     if not t.is_contiguous():
         t = t.contiguous()
-    is_bool = t.dtype == torch.bool
+    is_bool = t.dtype == torch.bool and DLPACK_BOOL_AS_UINT8
     if is_bool:
         t = t.to(torch.uint8)
     try:
@@ -127,7 +129,9 @@ def tensors_from_ortvalues(values: Any) -> list[torch.Tensor]:
     if not hasattr(values, "to_dlpacks"):
         return [tensor_from_ortvalue(v) for v in values]
     tensors: list[torch.Tensor] = values.to_dlpacks(_from_dlpack)
-    for k in values.bool_tensor_indices():  # bool crosses DLPack as uint8
+    # the training build's bool crosses DLPack as uint8; stock onnxruntime's as bool (its
+    # vectors have no bool_tensor_indices)
+    for k in values.bool_tensor_indices() if DLPACK_BOOL_AS_UINT8 else ():
         tensors[k] = tensors[k].to(torch.bool)
     return tensors
 
