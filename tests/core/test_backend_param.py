@@ -276,6 +276,43 @@ def test_backend_is_a_parameter_kept_by_clone_and_pickle(cls: type) -> None:
     assert old.get_params()["backend"] is None
 
 
+# ---- checkpoints: exact resume on each backend, and across them ---------------------------------
+def _checkpointed(loop: str, backend: str, epochs: int, folder: Path | None = None) -> Any:
+    common: dict[str, Any] = dict(
+        max_iter=epochs, batch_size=BATCH, learning_rate=OPTIMIZERS["adam"][1](), random_state=11,
+        checkpoint_dir=folder, backend=backend,
+    )  # fmt: skip
+    if loop == "full":
+        return otc.OrtGradientOptimizer(otc.add_loss_output(_model(), weight_name="weight"), **common)
+    return otc.OrtGradientForwardBackwardOptimizer(_model(), **common)
+
+
+@pytest.mark.parametrize("loop", ["full", "partial"])
+@pytest.mark.parametrize("backend", BOTH)
+def test_resume_on_each_backend_equals_the_uninterrupted_fit(tmp_path: Path, backend: str, loop: str) -> None:
+    X, y, sw = _data()
+    straight = _checkpointed(loop, backend, EPOCHS).fit(X, y, sw)
+    _checkpointed(loop, backend, 2, tmp_path).fit(X, y, sw)
+    resumed = _checkpointed(loop, backend, EPOCHS, tmp_path)
+    resumed.resume(X, y, sw)
+    assert resumed.n_iter_ == EPOCHS
+    _assert_close(resumed.get_state(), straight.get_state(), 0, 1e-6)
+
+
+@needs_training
+@pytest.mark.parametrize("loop", ["full", "partial"])
+def test_a_checkpoint_resumes_on_the_other_backend(tmp_path: Path, loop: str) -> None:
+    """The checkpoint holds weights, optimizer state and progress, not graphs: one written by
+    the training build's backend resumes on ours, where the uninterrupted fit ends (1e-5)."""
+    X, y, sw = _data()
+    straight = _checkpointed(loop, "onnxruntime-training", EPOCHS).fit(X, y, sw)
+    _checkpointed(loop, "onnxruntime-training", 2, tmp_path).fit(X, y, sw)
+    resumed = _checkpointed(loop, "onnx", EPOCHS, tmp_path)
+    resumed.resume(X, y, sw)
+    _assert_close(resumed.get_state(), straight.get_state(), AGREE, AGREE)
+    assert _training_build_nodes(resumed.save_onnx_graph({})) == []
+
+
 # ---- the command line -------------------------------------------------------------------------
 def _cli_fit(tmp_path: Path, backend: str) -> dict[str, np.ndarray]:
     X, y, _ = _data(1)
