@@ -9,7 +9,8 @@ Each seed draws a 25 % test split (stratified for classifiers), standardises the
 the training rows, and fits both estimators with ``random_state=seed`` and nothing else set
 (the convergence warnings of ``max_iter`` are silenced). One thread each: scikit-learn's BLAS
 pools limited by threadpoolctl, every onnxruntime session of ort-train forced to one intra-op
-thread (:func:`_common.force_session_threads`).
+thread (:func:`_common.force_session_threads`); fit times are the process's CPU seconds (wall
+time on a quiet machine; on a shared one they do not count the other processes' turns).
 
 A second table (not in ``--quick``) runs the SGD drop-ins alone on synthetic sets of growing
 size, ``make_classification(n, 20, n_informative=10)`` and ``make_friedman1(n, 20)`` for n =
@@ -119,9 +120,9 @@ def timed_fit(make: Callable[..., Any], seed: int, X: np.ndarray, y: np.ndarray)
     est = make(random_state=seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
-        start = time.perf_counter()
+        start = time.process_time()
         est.fit(X, y)
-        return est, time.perf_counter() - start
+        return est, time.process_time() - start
 
 
 def run_case(name: str, task: str, estimator: str, seeds: tuple[int, ...]) -> dict[str, Any]:
