@@ -201,3 +201,23 @@ def test_another_constant_value_builds() -> None:
     got = onnxruntime.InferenceSession(pred.SerializeToString()).run(None, {"X": X})[0]
     expected = X @ fits[1].get_state()["coef"] + start["intercept"]
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("loop", sorted(MAKERS))
+def test_trainers_sharing_graphs_fit_at_once_as_one_after_the_other(loop: str, backend: str) -> None:
+    """Four trainers of one architecture on four threads share the process's step graphs,
+    forward/backward pairs and sessions: each ends with the weights it gets alone."""
+    import threading
+
+    X, y = _data(rows=64)
+    make = MAKERS[loop]
+    alone = [make(build_mlp(seed=s), max_iter=30).fit(X, y).get_state() for s in range(4)]
+    trainers = [make(build_mlp(seed=s), max_iter=30) for s in range(4)]
+    threads = [threading.Thread(target=t.fit, args=(X, y)) for t in trainers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for trainer, expected in zip(trainers, alone, strict=True):
+        for name, value in expected.items():
+            np.testing.assert_array_equal(trainer.get_state()[name], value, err_msg=name)

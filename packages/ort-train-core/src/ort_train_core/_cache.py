@@ -9,6 +9,7 @@ the values of the weights it trains (those are fed to the steps): such caches ar
 from __future__ import annotations
 
 import hashlib
+import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Hashable
@@ -19,6 +20,8 @@ from onnx import ModelProto
 from ._builder import FLOAT_TYPES
 
 V = TypeVar("V")
+#: what a lookup finds for a key it does not hold (None may be an entry)
+_ABSENT = object()
 
 #: models larger than this (serialised bytes) are not kept in the graph caches: those save the
 #: setup of small fits (milliseconds), while each entry holds copies of the model's weights
@@ -132,6 +135,9 @@ class LRUCache(Generic[V]):
             raise ValueError(f"maxsize must be >= 1, got {maxsize}")
         self.maxsize = maxsize
         self._entries: OrderedDict[Hashable, V] = OrderedDict()
+        # fits on several threads share the caches: a lookup's move_to_end must not meet
+        # another thread's eviction of the same key (the builds run outside the lock)
+        self._lock = threading.Lock()
         _INSTANCES.add(self)
 
     def get_or_build(self, key: Hashable, build: Callable[[], V]) -> V:
@@ -149,10 +155,11 @@ class LRUCache(Generic[V]):
         object
             The cached or new entry.
         """
-        entries = self._entries
-        if key in entries:
-            entries.move_to_end(key)
-            return entries[key]
+        with self._lock:
+            found = self._entries.get(key, _ABSENT)
+            if found is not _ABSENT:
+                self._entries.move_to_end(key)
+                return found  # type: ignore[return-value]
         return self.put(key, build())
 
     def put(self, key: Hashable, value: V) -> V:
@@ -170,16 +177,18 @@ class LRUCache(Generic[V]):
         object
             ``value``.
         """
-        entries = self._entries
-        entries[key] = value
-        entries.move_to_end(key)
-        if len(entries) > self.maxsize:
-            entries.popitem(last=False)
+        with self._lock:
+            entries = self._entries
+            entries[key] = value
+            entries.move_to_end(key)
+            if len(entries) > self.maxsize:
+                entries.popitem(last=False)
         return value
 
     def clear(self) -> None:
         """Forgets every entry."""
-        self._entries.clear()
+        with self._lock:
+            self._entries.clear()
 
     def __contains__(self, key: object) -> bool:
         return key in self._entries
