@@ -153,8 +153,8 @@ class FitGraphs:
             out.digest = digest
             out.loss_model = with_values(self.loss_model, model, self.fed)
             out.__dict__.pop("forward", None)  # the partial loop's: from the prediction graph
-            if "prediction" in self.__dict__:
-                out.__dict__["prediction"] = with_values(self.prediction, model, self.fed)
+            # pruned once per record (self's), each trainer's copy with its own values
+            out.__dict__["prediction"] = with_values(self.prediction, model, self.fed)
         return out
 
     @functools.cached_property
