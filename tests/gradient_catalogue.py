@@ -85,6 +85,22 @@ class Case:
     def output_name(self) -> str:
         return self.model.graph.output[0].name
 
+    @property
+    def expected_refusal(self) -> str | None:
+        """The refusal the default backend must give: ``refused`` for onnxruntime-training;
+        for the ``onnx`` backend, the operators it has no rule for (issue 28 adds convolution,
+        pooling, normalisation and recurrences), named with their node."""
+        from ort_train_core._backends import default_backend
+
+        if default_backend().name == "onnxruntime-training":
+            return self.refused
+        from ort_train_core.autodiff import RULES
+        from ort_train_core.graph import NO_GRADIENT_OPS
+
+        free = {"Constant", "ConstantOfShape", *NO_GRADIENT_OPS}
+        missing = sorted({n.op_type for n in self.model.graph.node if n.op_type not in RULES and n.op_type not in free})
+        return f"no gradient rule for operator ({'|'.join(missing)})" if missing else None
+
 
 # ---- building graphs ---------------------------------------------------------------------------
 def _elem(arr: np.ndarray, float_type: int) -> int:

@@ -84,7 +84,11 @@ def with_vjp_loss(model: onnx.ModelProto, output: str) -> onnx.ModelProto:
     out.CopyFrom(model)
     g = out.graph
     elem = TensorProto.FLOAT
-    g.input.append(helper.make_tensor_value_info("G", elem, None))
+    declared = next((o.type for o in g.output if o.name == output), None)
+    seed = helper.make_tensor_value_info("G", elem, None)
+    if declared is not None:  # the output's shape: the onnx backend differentiates static ranks
+        seed.type.CopyFrom(declared)
+    g.input.append(seed)
     g.node.extend(
         [
             helper.make_node("Mul", [output, "G"], ["weighted"]),
@@ -101,7 +105,8 @@ def fused_vjp(case: Case, grad_output: np.ndarray) -> dict[str, np.ndarray]:
     names = [*case.weights, *case.grad_inputs]
     loss_model = initializers_to_inputs(with_vjp_loss(case.model, case.output_name), list(case.weights))
     graph = default_backend().gradient_graph(loss_model, "loss", names)
-    graph = cpu_gradient_rewrites(graph, TensorProto.FLOAT)
+    if default_backend().name == "onnxruntime-training":
+        graph = cpu_gradient_rewrites(graph, TensorProto.FLOAT)
     feeds = {**case.inputs, **case.weights, "G": grad_output.astype(np.float32)}
     session = onnxruntime.InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
     fetched = session.run([f"{n}_grad" for n in names], feeds)
@@ -142,8 +147,8 @@ def check_route(
 ) -> None:
     """The route's gradients equal the reference's, or the route refuses the case as it must."""
     grad_output = output_gradient(case)
-    if case.refused is not None:
-        with pytest.raises(GraphNotDifferentiableError, match=case.refused):
+    if case.expected_refusal is not None:
+        with pytest.raises(GraphNotDifferentiableError, match=case.expected_refusal):
             ROUTES[route](case, grad_output)
         return
     assert_gradients(ROUTES[route](case, grad_output), reference(case, grad_output), case, route)
@@ -175,7 +180,9 @@ def test_gradients_match_torch(name: str, route: str, data: Any) -> None:
 def test_forward_output_matches_torch(name: str, data: Any) -> None:
     """The training forward's output (the graph the gradient rewrites changed) is the graph's."""
     case = _draw(name, data)
-    assume(case.refused is None)
+    if case.expected_refusal is not None and default_backend().name == "onnx":
+        pytest.skip("the onnx backend has no rule for this family yet (issue 28)")
+    assume(case.expected_refusal is None)
     grad_output = output_gradient(case)
     expected_out, _ = torch_vjp(case, grad_output)
     out, _ = forward_backward_vjp(case, grad_output)
@@ -201,11 +208,16 @@ def test_pinned_form(form: str, route: str) -> None:
     check_route(PINNED_FORMS[form](), route, finite_difference_vjp)
 
 
-@pytest.mark.xfail(strict=True, reason="onnxruntime-training 1.19.2; not rewritten (see KNOWN_LIMITS)")
+@pytest.mark.xfail(
+    default_backend().name == "onnxruntime-training",
+    strict=True,
+    reason="onnxruntime-training 1.19.2; not rewritten (see KNOWN_LIMITS)",
+)
 @pytest.mark.parametrize("route", sorted(ROUTES))
 @pytest.mark.parametrize("form", sorted(KNOWN_LIMITS))
 def test_known_limit(form: str, route: str) -> None:
-    """An input's gradient through a symbolic dimension that is 1 at run time and broadcasts."""
+    """An input's gradient through a symbolic dimension that is 1 at run time and broadcasts
+    (the onnx backend finds the broadcast axes when the graph runs)."""
     check_route(KNOWN_LIMITS[form](), route, finite_difference_vjp)
 
 
@@ -213,6 +225,8 @@ def test_known_limit(form: str, route: str) -> None:
 def test_cli_names_the_operator_without_gradient(form: str, tmp_path: Path, capsys: Any) -> None:
     """``ort-train fit`` of a graph onnxruntime cannot differentiate exits 2 with one line
     naming the operator and the fix (it printed onnxruntime's C++ context before)."""
+    if default_backend().name != "onnxruntime-training":
+        pytest.skip("the onnx backend differentiates CumSum and Pow's exponent")
     case = PINNED_FORMS[form]()
     assert case.refused is not None
     onnx.save(case.model, tmp_path / "model.onnx")
@@ -249,7 +263,7 @@ def test_one_sgd_step_matches_torch(loop: str, name: str, data: Any) -> None:
     -lr * its torch gradient."""
     case = _draw(name, data)
     target = _loop_target(case)
-    assume(target is not None and case.refused is None)
+    assume(target is not None and case.expected_refusal is None)
     assert target is not None
     X, y = target
     lr = 0.1

@@ -67,9 +67,11 @@ class Context:
         types: Mapping[str, int],
         values: Mapping[str, np.ndarray],
         active: set[str],
+        dims: Mapping[str, tuple[int | str | None, ...]] | None = None,
     ) -> None:
         self.b = builder
         self.shapes = shapes
+        self.partial_dims = shapes if dims is None else dims
         self.types = types
         self.values = values
         self.active = active
@@ -92,8 +94,44 @@ class Context:
             )
         return found
 
+    def dims(self, name: str) -> tuple[int | str | None, ...]:
+        """The dimensions of ``name``: an int where static, a symbolic name or None elsewhere."""
+        found = self.partial_dims.get(name)
+        if found is None:
+            raise GraphNotDifferentiableError(
+                f"the onnx backend needs the rank of {name!r}, which onnx's shape inference could "
+                "not find: give the graph's inputs full shapes, or use backend='onnxruntime-training'"
+            )
+        return found
+
     def rank(self, name: str) -> int:
-        return len(self.shape(name))
+        return len(self.dims(name))
+
+    def is_static(self, name: str) -> bool:
+        return name in self.shapes
+
+    def shape_of(self, name: str) -> str:
+        """A value holding the shape of ``name``: a constant where static, else ``Shape(name)``."""
+        if name in self.shapes:
+            return self.ints(self.shapes[name], "shape")
+        return self.op("Shape", [name], f"{name}_shape")
+
+    def reshape_like(self, x: str, like: str) -> str:
+        """``x`` reshaped as the forward value ``like``."""
+        return self.op("Reshape", [x, self.shape_of(like)])
+
+    def count(self, name: str, axes: Sequence[int]) -> str | float:
+        """The number of elements of ``name`` over ``axes``: a float when static, else a value
+        of ``name``'s type (computed from its Shape)."""
+        dims = self.dims(name)
+        if all(isinstance(dims[a], int) for a in axes):
+            total = 1
+            for a in axes:
+                total *= int(dims[a])  # type: ignore[arg-type]
+            return float(total)
+        picked = self.op("Gather", [self.op("Shape", [name]), self.ints(list(axes))])
+        size = self.b.reduce("ReduceProd", picked, None, 0)
+        return self.op("Cast", [size], to=self.dtype(name))
 
     def dtype(self, name: str) -> int:
         return int(self.types.get(name, onnx.TensorProto.FLOAT))
@@ -127,7 +165,10 @@ class Context:
         return self.b.int_const([int(v) for v in values], hint)
 
     def zeros_like(self, name: str, hint: str = "zeros") -> str:
-        return self.const(np.zeros(self.shape(name)), like=name, hint=hint)
+        if name in self.shapes:
+            return self.const(np.zeros(self.shapes[name]), like=name, hint=hint)
+        zero = helper.make_tensor("zero", self.dtype(name), [1], [0])
+        return self.op("ConstantOfShape", [self.op("Shape", [name])], hint, value=zero)
 
     def reduce_sum(self, x: str, axes: Sequence[int], keepdims: int = 1) -> str:
         return self.b.reduce("ReduceSum", x, list(axes), keepdims)
@@ -135,18 +176,46 @@ class Context:
     def reshape(self, x: str, shape: Sequence[int]) -> str:
         return self.op("Reshape", [x, self.ints(shape, "shape")])
 
-    def unbroadcast(self, grad: str, grad_shape: Sequence[int], target: str) -> str:
-        """``grad`` (of the broadcast result, shaped ``grad_shape``) summed back to the shape of
-        ``target``: over the leading axes ``target`` lacks and the axes where it has size 1."""
-        shape = self.shape(target)
-        grad_shape = tuple(grad_shape)
-        if tuple(shape) == grad_shape:
+    def unbroadcast(self, grad: str, grad_dims: Sequence[int | str | None], target: str) -> str:
+        """``grad`` (of the broadcast result, of dimensions ``grad_dims``) summed back to the
+        shape of ``target``: over the leading axes ``target`` lacks and the axes where it has
+        size 1 (static dimensions; a symbolic one is the same as the result's)."""
+        dims = self.dims(target)
+        grad_dims = tuple(grad_dims)
+        lead = len(grad_dims) - len(dims)
+        if lead == 0 and all(d == g and d is not None for d, g in zip(dims, grad_dims)):
             return grad
-        lead = len(grad_shape) - len(shape)
         axes = list(range(lead))
-        axes += [lead + k for k, d in enumerate(shape) if d == 1 and grad_shape[lead + k] != 1]
-        out = self.reduce_sum(grad, axes, keepdims=1) if axes else grad
-        return self.reshape(out, shape) if lead or not axes else out
+        for k, d in enumerate(dims):
+            g = grad_dims[lead + k]
+            if d == 1 and g != 1:  # g symbolic or unknown: summing over a 1 is harmless
+                axes.append(lead + k)
+            elif not isinstance(d, int) and g != 1 and (d is None or d != g):
+                # a symbolic dimension may be 1 at run time and broadcast: decided when it runs
+                return self._unbroadcast_at_run_time(grad, len(grad_dims), target)
+        if not axes:
+            return grad
+        out = self.reduce_sum(grad, axes, keepdims=1)
+        return self.op("Squeeze", [out, self.ints(list(range(lead)))]) if lead else out
+
+    def _unbroadcast_at_run_time(self, grad: str, grad_rank: int, target: str) -> str:
+        """:meth:`unbroadcast` with the axes found when the graph runs: where ``target``'s
+        shape (1-padded on the left) is 1 and ``grad``'s is not."""
+        lead = grad_rank - self.rank(target)
+        shape = self.op("Shape", [target], f"{target}_shape")
+        if lead:
+            shape = self.op("Concat", [self.ints([1] * lead), shape], axis=0)
+        one = self.ints([1])
+        broadcast = self.op(
+            "And",
+            [
+                self.op("Equal", [shape, one]),
+                self.op("Not", [self.op("Equal", [self.op("Shape", [grad]), one])]),
+            ],
+        )
+        axes = self.op("Reshape", [self.op("NonZero", [broadcast]), self.ints([-1])])
+        summed = self.op("ReduceSum", [grad, axes], keepdims=1, noop_with_empty_axes=1)
+        return self.op("Reshape", [summed, self.op("Shape", [target])])
 
     def transpose(self, x: str, perm: Sequence[int]) -> str:
         return self.op("Transpose", [x], perm=[int(p) for p in perm])

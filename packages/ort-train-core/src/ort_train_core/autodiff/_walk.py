@@ -60,6 +60,8 @@ class StaticInfo:
     shapes: dict[str, tuple[int, ...]]
     types: dict[str, int]
     values: Mapping[str, np.ndarray]
+    #: every value of known rank: its dimensions, an int, a symbolic name or None
+    dims: dict[str, tuple[int | str | None, ...]]
 
 
 def static_info(model: onnx.ModelProto, differentiated: Sequence[str]) -> StaticInfo:
@@ -69,10 +71,10 @@ def static_info(model: onnx.ModelProto, differentiated: Sequence[str]) -> Static
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True).graph
     except Exception:  # a graph onnx cannot infer: the declared shapes only
         inferred = g
-    shapes: dict[str, tuple[int, ...]] = {}
+    dims: dict[str, tuple[int | str | None, ...]] = {}
     types: dict[str, int] = {}
     for init in g.initializer:
-        shapes[init.name] = tuple(int(d) for d in init.dims)
+        dims[init.name] = tuple(int(d) for d in init.dims)
         types[init.name] = init.data_type
     for vi in [*inferred.input, *inferred.value_info, *inferred.output]:
         tt = vi.type.tensor_type
@@ -80,17 +82,26 @@ def static_info(model: onnx.ModelProto, differentiated: Sequence[str]) -> Static
             continue
         if tt.elem_type:
             types.setdefault(vi.name, tt.elem_type)
-        if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
-            shapes.setdefault(vi.name, tuple(int(d.dim_value) for d in tt.shape.dim))
+        if tt.HasField("shape"):
+            dims.setdefault(vi.name, tuple(_dim(d) for d in tt.shape.dim))
     values = _LazyValues(g, set(differentiated))
     for name in values:  # constants onnx left without a value_info
-        if name not in shapes:
-            shapes[name] = tuple(values[name].shape)
+        if name not in dims:
+            dims[name] = tuple(values[name].shape)
             types.setdefault(name, int(onnx.helper.np_dtype_to_tensor_dtype(values[name].dtype)))
-    return StaticInfo(shapes, types, values)
+    shapes = {k: v for k, v in dims.items() if all(isinstance(d, int) for d in v)}  # type: ignore[misc]
+    return StaticInfo(shapes, types, values, dims)
 
 
-def _active(model: onnx.ModelProto, names: Sequence[str], seeds: Sequence[str], types: Mapping[str, int]) -> set[str]:
+def _dim(d: onnx.TensorShapeProto.Dimension) -> int | str | None:
+    if d.HasField("dim_value"):
+        return int(d.dim_value)
+    return d.dim_param or None
+
+
+def _active(
+    model: onnx.ModelProto, names: Sequence[str], seeds: Sequence[str], types: Mapping[str, int]
+) -> set[str]:
     """The float values that depend on ``names`` and that a seed depends on."""
     reached = set(names)
     for node in model.graph.node:
@@ -98,7 +109,9 @@ def _active(model: onnx.ModelProto, names: Sequence[str], seeds: Sequence[str], 
             continue
         skip = NO_GRADIENT_INPUTS.get(node.op_type, frozenset())
         if any(i in reached for k, i in enumerate(node.input) if k not in skip):
-            reached.update(o for o in node.output if o and types.get(o, onnx.TensorProto.FLOAT) in FLOAT_TYPES)
+            reached.update(
+                o for o in node.output if o and types.get(o, onnx.TensorProto.FLOAT) in FLOAT_TYPES
+            )
     needed, _ = differentiable_ancestors(model, seeds, types)
     return reached & needed
 
@@ -141,7 +154,7 @@ def reverse_pass(
     active = _active(model, names, list(seeds), info.types)
     path = [n for n in model.graph.node if any(o in active for o in n.output)]
     _check_rules(path)
-    ctx = Context(builder, info.shapes, info.types, info.values, active)
+    ctx = Context(builder, info.shapes, info.types, info.values, active, info.dims)
     contributions: dict[str, list[str]] = {s: [g] for s, g in seeds.items()}
     for node in reversed(path):
         dys = [_total(ctx, o, contributions.get(o)) for o in node.output]
@@ -170,10 +183,8 @@ def _total(ctx: Context, name: str, parts: list[str] | None) -> str | None:
 def _check_rules(path: Sequence[onnx.NodeProto]) -> None:
     missing = [n for n in path if n.domain not in ("", "ai.onnx") or n.op_type not in RULES]
     if missing:
-        listed = "; ".join(
-            f"operator {(n.domain + '.') if n.domain not in ('', 'ai.onnx') else ''}{n.op_type} (node {n.name!r})"
-            for n in missing[:8]
-        )
+        domain = {n.name: "" if n.domain in ("", "ai.onnx") else n.domain + "." for n in missing}
+        listed = "; ".join(f"operator {domain[n.name]}{n.op_type} (node {n.name!r})" for n in missing[:8])
         more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
         raise GraphNotDifferentiableError(
             f"the onnx backend has no gradient rule for {listed}{more}, on the way from the trained "

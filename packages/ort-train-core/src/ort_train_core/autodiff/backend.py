@@ -24,7 +24,14 @@ from .._builder import FLOAT_TYPES, NodeBuilder
 from .._gradient import ForwardBackwardGraphs, FusedStepSignature, fused_step_from_gradients
 from .._runtime import Device
 from ..exceptions import GraphNotDifferentiableError
-from ..graph import MAX_IR_VERSION, all_names, check_differentiable, check_no_control_flow, check_precision, value_types
+from ..graph import (
+    MAX_IR_VERSION,
+    all_names,
+    check_differentiable,
+    check_no_control_flow,
+    check_precision,
+    value_types,
+)
 from ..learning_rate import BaseLearningRate
 from ._walk import StaticInfo, live_nodes, reverse_pass, static_info
 
@@ -188,7 +195,9 @@ def _check_reached(names: Sequence[str], grads: Mapping[str, str], target: str) 
 
 def _value_info(name: str, like: str, info: StaticInfo) -> onnx.ValueInfoProto:
     shape = info.shapes.get(like)
-    return helper.make_tensor_value_info(name, info.types.get(like, onnx.TensorProto.FLOAT), None if shape is None else list(shape))
+    return helper.make_tensor_value_info(
+        name, info.types.get(like, onnx.TensorProto.FLOAT), None if shape is None else list(shape)
+    )
 
 
 @dataclass
@@ -256,7 +265,9 @@ class TwoSessionRunner:
         self._differentiated = [*inputs_requiring_grad, *weights]
         inits = {i.name for i in model.graph.initializer}
         g = self._model.graph
-        self._feed_names = [i.name for i in g.input if i.name not in weights and i.name not in inits] + weights
+        self._feed_names = [
+            i.name for i in g.input if i.name not in weights and i.name not in inits
+        ] + weights
         outputs = [o.name for o in g.output]
         reached = _reached_outputs(self._model, self._differentiated, outputs, types)
         skipped = frozenset(k for k, o in enumerate(outputs) if o not in reached)
@@ -306,7 +317,13 @@ class TwoSessionRunner:
         got = binding.get_outputs()
         if len(outputs) != n:
             outputs[:] = [got[k] for k in range(n)]
-        state.update(spec=spec, backward=backward, input=list(inputs), output=list(outputs), saved=[got[k] for k in range(n, len(names))])
+        state.update(
+            spec=spec,
+            backward=backward,
+            input=list(inputs),
+            output=list(outputs),
+            saved=[got[k] for k in range(n, len(names))],
+        )
 
     def run_backward(self, output_grads: list[object], grads: list[object], state: dict[str, object]) -> None:
         """Fills ``grads`` (inputs requiring one, then weights) from one gradient per
@@ -339,7 +356,9 @@ class TwoSessionRunner:
         if found is None:
             from .._binding import make_session
 
-            spec, joined = split_pair(self._model, self._feed_names, shapes, self._differentiated, self.graphs)
+            spec, joined = split_pair(
+                self._model, self._feed_names, shapes, self._differentiated, self.graphs
+            )
             forward = make_session(spec.forward, self._device, threads=self._threads, reuse_memory=False)
             backward = make_session(spec.backward, self._device, threads=self._threads)
             found = self._specs[shapes] = (spec, forward, backward)
@@ -360,7 +379,9 @@ def _declared_shapes(model: ModelProto, feeds: Sequence[str]) -> tuple[tuple[int
     return tuple(shapes)
 
 
-def _reached_outputs(model: ModelProto, names: Sequence[str], outputs: Sequence[str], types: Mapping[str, int]) -> set[str]:
+def _reached_outputs(
+    model: ModelProto, names: Sequence[str], outputs: Sequence[str], types: Mapping[str, int]
+) -> set[str]:
     from ._walk import _active
 
     active = _active(model, names, outputs, types)
@@ -407,9 +428,24 @@ def split_pair(
         if name in grads:
             b.nodes.append(helper.make_node("Identity", [grads[name]], [fetch], name=b.name("n_grad_out")))
         else:  # an input reaching no output: zeros, as torch's autograd.grad with allow_unused
-            b.nodes.append(helper.make_node("Constant", [], [fetch], name=b.name("n_zero_grad"), value=onnx.numpy_helper.from_array(np.zeros(info.shapes[name], helper.tensor_dtype_to_np_dtype(info.types[name])))))
+            b.nodes.append(
+                helper.make_node(
+                    "Constant",
+                    [],
+                    [fetch],
+                    name=b.name("n_zero_grad"),
+                    value=onnx.numpy_helper.from_array(
+                        np.zeros(info.shapes[name], helper.tensor_dtype_to_np_dtype(info.types[name]))
+                    ),
+                )
+            )
     nodes = live_nodes(b.nodes, fetches)
-    seed_inputs = [helper.make_tensor_value_info(seeds[o], info.types[o], list(info.shapes[o]) if o in info.shapes else None) for o in seeded]
+    seed_inputs = [
+        helper.make_tensor_value_info(
+            seeds[o], info.types[o], list(info.shapes[o]) if o in info.shapes else None
+        )
+        for o in seeded
+    ]
     grad_outputs = [_value_info(f, n, info) for n, f in zip(differentiated, fetches)]
     joined = ModelProto()
     joined.CopyFrom(fwd)
@@ -456,7 +492,13 @@ def _split(
     forward.CopyFrom(fwd)
     forward.graph.output.extend(_value_info(e, e, info) for e in extra)
     backward = helper.make_model(
-        helper.make_graph([*copied_nodes, *nodes], "backward", [*seed_inputs, *saved_inputs], list(grad_outputs), list(copied_inits)),
+        helper.make_graph(
+            [*copied_nodes, *nodes],
+            "backward",
+            [*seed_inputs, *saved_inputs],
+            list(grad_outputs),
+            list(copied_inits),
+        ),
         opset_imports=list(fwd.opset_import),
     )
     backward.ir_version = min(fwd.ir_version, MAX_IR_VERSION)

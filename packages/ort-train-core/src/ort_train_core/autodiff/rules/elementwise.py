@@ -13,8 +13,8 @@ from .._context import Context, attr, rule
 Grads = list["str | None"]
 
 
-def _out_shape(ctx: Context, node: onnx.NodeProto) -> tuple[int, ...]:
-    return ctx.shape(node.output[0])
+def _out_shape(ctx: Context, node: onnx.NodeProto) -> tuple[int | str | None, ...]:
+    return ctx.dims(node.output[0])
 
 
 def _to(ctx: Context, node: onnx.NodeProto, k: int, grad: str) -> str | None:

@@ -22,48 +22,53 @@ def _matmul(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     (dy,) = dys
     assert dy is not None
     a, b = node.input
-    sa, sb, sy = ctx.shape(a), ctx.shape(b), ctx.shape(node.output[0])
+    sa, sb = ctx.dims(a), ctx.dims(b)
     # 1-D operands as matrices: A (k) -> (1, k), B (k) -> (k, 1); dY gets the axis back
-    a2 = ctx.reshape(a, (1, sa[0])) if len(sa) == 1 else a
-    b2 = ctx.reshape(b, (sb[0], 1)) if len(sb) == 1 else b
+    a2 = ctx.op("Unsqueeze", [a, ctx.ints([0])]) if len(sa) == 1 else a
+    b2 = ctx.op("Unsqueeze", [b, ctx.ints([1])]) if len(sb) == 1 else b
     sa2 = (1, sa[0]) if len(sa) == 1 else sa
     sb2 = (sb[0], 1) if len(sb) == 1 else sb
-    batch = _batch_shape(sa2, sb2)
+    batch = _batch_dims(sa2, sb2)
     sy2 = (*batch, sa2[-2], sb2[-1])
-    dy2 = ctx.reshape(dy, sy2) if tuple(sy2) != tuple(sy) else dy
+    added = ([-2] if len(sa) == 1 else []) + ([-1] if len(sb) == 1 else [])
+    dy2 = ctx.op("Unsqueeze", [dy, ctx.ints(added)]) if added else dy
     da = db = None
     if ctx.needs(a):  # dA = dY @ B^T
         grad = ctx.op("MatMul", [dy2, _swap_last(ctx, b2, len(sb2))])
-        da = _back_to(ctx, grad, (*batch, sa2[-2], sa2[-1]), a, sa)
+        da = _back_to(ctx, grad, (*batch, sa2[-2], sa2[-1]), a, len(sa))
     if ctx.needs(b):  # dB = A^T @ dY; a 2-D B against batched A: one (rows, k)^T @ (rows, n)
-        if len(sb2) == 2 and len(sa2) > 2:
-            rows = 1
-            for d in sy2[:-1]:
-                rows *= d
-            a_rows = ctx.reshape(a2, (rows, sa2[-1]))  # B has no batch axes: A's are the batch
-            grad = ctx.op("Gemm", [a_rows, ctx.reshape(dy2, (rows, sy2[-1]))], transA=1)
-            db = ctx.reshape(grad, sb) if len(sb) == 1 else grad
+        k, n = sa2[-1], sy2[-1]
+        if len(sb2) == 2 and len(sa2) > 2 and isinstance(k, int) and isinstance(n, int):
+            rows_a = ctx.reshape(a2, (-1, k))  # B has no batch axes: A's are the rows
+            grad = ctx.op("Gemm", [rows_a, ctx.reshape(dy2, (-1, n))], transA=1)
+            db = ctx.op("Squeeze", [grad, ctx.ints([1])]) if len(sb) == 1 else grad
         else:
             grad = ctx.op("MatMul", [_swap_last(ctx, a2, len(sa2)), dy2])
-            db = _back_to(ctx, grad, (*batch, sb2[-2], sb2[-1]), b, sb)
+            db = _back_to(ctx, grad, (*batch, sb2[-2], sb2[-1]), b, len(sb))
     return [da, db]
 
 
-def _batch_shape(sa: tuple[int, ...], sb: tuple[int, ...]) -> tuple[int, ...]:
+Dims = tuple["int | str | None", ...]
+
+
+def _batch_dims(sa: Dims, sb: Dims) -> Dims:
+    """The broadcast batch dimensions of two matrix operands (symbolic where not static)."""
     left, right = list(sa[:-2]), list(sb[:-2])
     n = max(len(left), len(right))
     left = [1] * (n - len(left)) + left
     right = [1] * (n - len(right)) + right
-    return tuple(max(x, y) for x, y in zip(left, right))
+    return tuple(
+        y if x == 1 else x if y == 1 else (x if isinstance(x, int) else y) for x, y in zip(left, right)
+    )
 
 
-def _back_to(ctx: Context, grad: str, grad_shape: tuple[int, ...], x: str, shape: tuple[int, ...]) -> str:
+def _back_to(ctx: Context, grad: str, grad_dims: Dims, x: str, rank: int) -> str:
     """The product's gradient (batch axes broadcast) summed and shaped back to operand ``x``."""
-    if len(shape) == 1:  # the matrix form had an extra axis of size 1
-        lead = list(range(len(grad_shape) - 2))
+    if rank == 1:  # the matrix form had an extra axis of size 1, at -2 for A, at -1 for B
+        lead = list(range(len(grad_dims) - 2))
         summed = ctx.reduce_sum(grad, lead, keepdims=0) if lead else grad
-        return ctx.reshape(summed, shape)
-    return ctx.unbroadcast(grad, grad_shape, x)
+        return ctx.reshape_like(summed, x)
+    return ctx.unbroadcast(grad, grad_dims, x)
 
 
 @rule("Gemm")
@@ -87,7 +92,7 @@ def _gemm(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
             db = ctx.op("Gemm", [a, dy], alpha=alpha, transA=1 - ta)
     if c is not None and ctx.needs(c):  # dC = beta dY, summed over its broadcast axes
         scaled = dy if beta == 1.0 else ctx.op("Mul", [dy, ctx.const(beta, like=c)])
-        dc = ctx.unbroadcast(scaled, ctx.shape(node.output[0]), c)
+        dc = ctx.unbroadcast(scaled, ctx.dims(node.output[0]), c)
     return [da, db, dc]
 
 

@@ -23,15 +23,14 @@ def _axes(ctx: Context, node: onnx.NodeProto) -> list[int]:
 
 def _kept(ctx: Context, node: onnx.NodeProto, value: str) -> str:
     """``value`` (shaped like the reduction's output) with the reduced axes kept as size 1."""
-    x = node.input[0]
-    axes = _axes(ctx, node)
-    kept = tuple(1 if k in axes else d for k, d in enumerate(ctx.shape(x)))
-    return value if tuple(ctx.shape(node.output[0])) == kept else ctx.reshape(value, kept)
+    if int(attr(node, "keepdims", 1)):
+        return value
+    return ctx.op("Unsqueeze", [value, ctx.ints(_axes(ctx, node))])
 
 
 def _spread(ctx: Context, node: onnx.NodeProto, dy: str) -> str:
     """``dY`` broadcast back over the reduced axes: X's shape."""
-    return ctx.op("Expand", [_kept(ctx, node, dy), ctx.ints(ctx.shape(node.input[0]), "shape")])
+    return ctx.op("Expand", [_kept(ctx, node, dy), ctx.shape_of(node.input[0])])
 
 
 def _no_axes_grad(node: onnx.NodeProto, grad: str) -> Grads:
@@ -53,10 +52,11 @@ def _reduce_mean(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     axes = _axes(ctx, node)
     if not axes:
         return _no_axes_grad(node, dys[0])
-    count = 1
-    for a in axes:
-        count *= ctx.shape(x)[a]
-    scaled = ctx.op("Mul", [dys[0], ctx.const(1.0 / count, like=x)])
+    count = ctx.count(x, axes)
+    if isinstance(count, float):
+        scaled = ctx.op("Mul", [dys[0], ctx.const(1.0 / count, like=x)])
+    else:
+        scaled = ctx.op("Div", [dys[0], count])
     return _no_axes_grad(node, _spread(ctx, node, scaled))
 
 

@@ -3,6 +3,8 @@ concatenation and splitting, slicing, gathering, expanding, tiling, padding."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import onnx
 
@@ -16,7 +18,7 @@ def _reshaped_back(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     (dy,) = dys
     assert dy is not None
     x = node.input[0]
-    return [ctx.reshape(dy, ctx.shape(x)), *([None] * (len(node.input) - 1))]
+    return [ctx.reshape_like(dy, x), *([None] * (len(node.input) - 1))]
 
 
 for _op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze"):
@@ -55,8 +57,9 @@ def _split(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     return [ctx.op("Concat", parts, axis=axis), None]
 
 
-def _slice_params(ctx: Context, node: onnx.NodeProto, shape: tuple[int, ...]) -> list[tuple[int, int, int]]:
-    """Per axis of the input: (start, stop, step) as Python's ``slice.indices`` gives them."""
+def _slice_params(ctx: Context, node: onnx.NodeProto, shape: tuple[Any, ...]) -> list[tuple[Any, Any, int]]:
+    """Per axis of the input: (start, stop, step) as Python's ``slice.indices`` gives them
+    (``(0, d, 1)`` on an axis not sliced, ``d`` possibly symbolic; a sliced axis must be static)."""
     starts, ends = ctx.optional_value(node, 1), ctx.optional_value(node, 2)
     axes, steps = ctx.optional_value(node, 3), ctx.optional_value(node, 4)
     assert starts is not None
@@ -65,7 +68,7 @@ def _slice_params(ctx: Context, node: onnx.NodeProto, shape: tuple[int, ...]) ->
     steps_list = [1] * len(starts) if steps is None else [int(s) for s in steps]
     full = [(0, d, 1) for d in shape]
     for a, st, en, sp in zip(axes_list, starts, ends, steps_list):
-        full[a] = slice(int(st), int(en), sp).indices(shape[a])
+        full[a] = slice(int(st), int(en), sp).indices(ctx.shape(node.input[0])[a])
     return full
 
 
@@ -74,14 +77,13 @@ def _slice(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     (dy,) = dys
     assert dy is not None
     x = node.input[0]
-    shape = ctx.shape(x)
-    params = _slice_params(ctx, node, shape)
-    out_shape = ctx.shape(node.output[0])
+    params = _slice_params(ctx, node, ctx.dims(x))
     if all(step == 1 for _, _, step in params):  # dX = dY padded with zeros back to X's shape
         before = [start for start, _, _ in params]
-        after = [d - b - n for d, b, n in zip(shape, before, out_shape)]
+        after = [0 if stop == d else d - stop for (_, stop, _), d in zip(params, ctx.dims(x))]
         grad = ctx.op("Pad", [dy, ctx.ints([*before, *after], "pads")], mode="constant")
-    else:  # strided: scattered to the positions it read (ranges, not slices: a stop of -1
+    else:
+        shape = ctx.shape(x)  # strided: scattered to the positions it read (ranges, not slices: a stop of -1
         # from slice.indices means "past index 0" with a negative step, not "the last")
         positions = np.ix_(*[np.arange(*p, dtype=np.int64) for p in params])
         taken = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)[positions]
@@ -145,7 +147,7 @@ def _gather_elements(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
 def _expand(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     (dy,) = dys
     assert dy is not None
-    return [ctx.unbroadcast(dy, ctx.shape(node.output[0]), node.input[0]), None]
+    return [ctx.unbroadcast(dy, ctx.dims(node.output[0]), node.input[0]), None]
 
 
 @rule("Tile")
@@ -171,15 +173,18 @@ def _pad(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
             f"in {mode!r} mode: use backend='onnxruntime-training', or pad with zeros"
         )
     x = node.input[0]
-    shape = ctx.shape(x)
-    rank = len(shape)
+    rank = ctx.rank(x)
     pads = attr(node, "pads") if len(node.input) < 2 else ctx.value(node.input[1], "pads")
     axes_value = ctx.optional_value(node, 3)
     axes = list(range(rank)) if axes_value is None else [int(a) % rank for a in axes_value]
     begin, end = [0] * rank, [0] * rank
     for k, a in enumerate(axes):
         begin[a], end[a] = int(pads[k]), int(pads[k + len(axes)])
-    # dX = dY without the padding (a negative pad cropped: its place gets zeros back)
+    if all(b >= 0 and e >= 0 for b, e in zip(begin, end)):  # dX = dY without the padding
+        ends = [-e if e else np.iinfo(np.int64).max for e in end]
+        return [ctx.op("Slice", [dy, ctx.ints(begin), ctx.ints(ends)]), *([None] * (len(node.input) - 1))]
+    # a negative pad cropped: the cropped places get zeros back
+    shape = ctx.shape(x)
     grad = ctx.op(
         "Slice",
         [
