@@ -20,6 +20,7 @@ from ort_train_core import (
     OrtGradientOptimizer,
     add_loss_output,
 )
+from ort_train_core._backends import default_backend
 
 X = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
 #: what onnxruntime's messages carry before their own words: the C++ source and signature
@@ -60,13 +61,20 @@ def _build(route: str, model: onnx.ModelProto) -> None:
 ROUTES = ["full", "partial", "layer"]
 
 
+#: an operator the default backend has no gradient for (the onnx backend differentiates Softplus)
+NO_GRADIENT_OP = "Softplus" if default_backend().name == "onnxruntime-training" else "Sin"
+TRAINING_BUILD_WORDS = pytest.mark.skipif(
+    default_backend().name != "onnxruntime-training", reason="onnxruntime-training's own failure"
+)
+
+
 @pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("node_name", ["act", ""], ids=["named", "unnamed"])
 def test_operator_without_gradient_is_named_with_its_node(route: str, node_name: str) -> None:
     with pytest.raises(GraphNotDifferentiableError) as info:
-        _build(route, _model("Softplus", node_name))
+        _build(route, _model(NO_GRADIENT_OP, node_name))
     message = str(info.value)
-    assert "operator Softplus" in message
+    assert f"operator {NO_GRADIENT_OP}" in message
     assert "has no gradient" in message
     if node_name:
         assert "node 'act'" in message
@@ -74,6 +82,7 @@ def test_operator_without_gradient_is_named_with_its_node(route: str, node_name:
     assert not CPP_CONTEXT.search(message), message
 
 
+@TRAINING_BUILD_WORDS
 @pytest.mark.parametrize("route", ROUTES)
 def test_graph_builder_failure_names_node_and_operator(route: str) -> None:
     """A failure that is not a missing gradient (here onnxruntime's shape inference) still says

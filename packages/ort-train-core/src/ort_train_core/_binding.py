@@ -14,6 +14,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
+import onnx
 from onnx import ModelProto
 
 from ._builder import FLOAT_TYPES
@@ -364,6 +365,19 @@ def make_session(
     return _SESSIONS.get_or_build(key, lambda: _new_session(model, data, device, threads, reuse_memory))
 
 
+#: onnxruntime's fusions into com.microsoft operators that have a float kernel only (a
+#: Transpose feeding a MatMul becomes FusedMatMul: a double graph then has no kernel)
+_FLOAT_ONLY_FUSIONS = frozenset({"MatmulTransposeFusion"})
+
+
+def _disabled_optimizers(model: ModelProto) -> set[str]:
+    g = model.graph
+    doubles = any(i.type.tensor_type.elem_type == onnx.TensorProto.DOUBLE for i in g.input) or any(
+        i.data_type == onnx.TensorProto.DOUBLE for i in g.initializer
+    )
+    return set(_FLOAT_ONLY_FUSIONS) if doubles else set()
+
+
 def _new_session(
     model: ModelProto, data: bytes, device: Device, threads: int | None, reuse_memory: bool
 ) -> Any:
@@ -384,7 +398,7 @@ def _new_session(
     options = [{} if isinstance(p, str) else p[1] for p in device.providers]
     try:
         sess = ort_capi.InferenceSession(so, data, False, False)
-        sess.initialize_session(providers, options, set())
+        sess.initialize_session(providers, options, _disabled_optimizers(model))
     except Exception as exc:
         missing = _missing_kernel(str(exc))
         if missing is not None:

@@ -226,6 +226,10 @@ class Context:
         if index < len(node.output) and node.output[index]:
             return node.output[index]
         name = self.b.name(hint)
+        if node.op_type == "Dropout":  # its mask: bool, shaped as the data
+            self.types[name] = onnx.TensorProto.BOOL  # type: ignore[index]
+            if node.input[0] in self.partial_dims:
+                self.partial_dims[name] = self.partial_dims[node.input[0]]  # type: ignore[index]
         while len(node.output) < index:
             node.output.append("")
         node.output.append(name)

@@ -194,9 +194,11 @@ def _check_reached(names: Sequence[str], grads: Mapping[str, str], target: str) 
 
 
 def _value_info(name: str, like: str, info: StaticInfo) -> onnx.ValueInfoProto:
-    shape = info.shapes.get(like)
+    """A value info typed and shaped as ``like`` (symbolic dimensions kept; onnx's checker wants
+    a shape on graph inputs and outputs, a rank at least)."""
+    dims = info.dims.get(like)
     return helper.make_tensor_value_info(
-        name, info.types.get(like, onnx.TensorProto.FLOAT), None if shape is None else list(shape)
+        name, info.types.get(like, onnx.TensorProto.FLOAT), None if dims is None else list(dims)
     )
 
 
@@ -270,6 +272,7 @@ class TwoSessionRunner:
         ] + weights
         outputs = [o.name for o in g.output]
         reached = _reached_outputs(self._model, self._differentiated, outputs, types)
+        check_rules_on_path(self._model, self._differentiated, outputs, types)  # before any session
         skipped = frozenset(k for k, o in enumerate(outputs) if o not in reached)
         self.graphs = ForwardBackwardGraphs(
             gradient_model=self._model,
@@ -377,6 +380,16 @@ def _declared_shapes(model: ModelProto, feeds: Sequence[str]) -> tuple[tuple[int
             return None
         shapes.append(tuple(int(d.dim_value) for d in dims))
     return tuple(shapes)
+
+
+def check_rules_on_path(
+    model: ModelProto, names: Sequence[str], outputs: Sequence[str], types: Mapping[str, int]
+) -> None:
+    """Refuses, naming them, the operators between ``names`` and ``outputs`` without a rule."""
+    from ._walk import _active, _check_rules
+
+    active = _active(model, names, outputs, types)
+    _check_rules([n for n in model.graph.node if any(o in active for o in n.output)])
 
 
 def _reached_outputs(

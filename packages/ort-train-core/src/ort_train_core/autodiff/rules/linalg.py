@@ -33,12 +33,18 @@ def _matmul(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     added = ([-2] if len(sa) == 1 else []) + ([-1] if len(sb) == 1 else [])
     dy2 = ctx.op("Unsqueeze", [dy, ctx.ints(added)]) if added else dy
     da = db = None
-    if ctx.needs(a):  # dA = dY @ B^T
+    if ctx.needs(a) and len(sa2) == len(sb2) == 2:  # dA = dY @ B^T, one Gemm
+        grad = ctx.op("Gemm", [dy2, b2], transB=1)
+        da = _back_to(ctx, grad, (sa2[-2], sa2[-1]), a, len(sa))
+    elif ctx.needs(a):  # dA = dY @ B^T
         grad = ctx.op("MatMul", [dy2, _swap_last(ctx, b2, len(sb2))])
         da = _back_to(ctx, grad, (*batch, sa2[-2], sa2[-1]), a, len(sa))
     if ctx.needs(b):  # dB = A^T @ dY; a 2-D B against batched A: one (rows, k)^T @ (rows, n)
         k, n = sa2[-1], sy2[-1]
-        if len(sb2) == 2 and len(sa2) > 2 and isinstance(k, int) and isinstance(n, int):
+        if len(sa2) == len(sb2) == 2:  # dB = A^T @ dY, one Gemm
+            grad = ctx.op("Gemm", [a2, dy2], transA=1)
+            db = ctx.op("Squeeze", [grad, ctx.ints([1])]) if len(sb) == 1 else grad
+        elif len(sb2) == 2 and len(sa2) > 2 and isinstance(k, int) and isinstance(n, int):
             rows_a = ctx.reshape(a2, (-1, k))  # B has no batch axes: A's are the rows
             grad = ctx.op("Gemm", [rows_a, ctx.reshape(dy2, (-1, n))], transA=1)
             db = ctx.op("Squeeze", [grad, ctx.ints([1])]) if len(sb) == 1 else grad

@@ -42,10 +42,15 @@ def _concat(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     (dy,) = dys
     assert dy is not None
     axis = _axis(node, ctx.rank(node.output[0]))
-    sizes = [ctx.shape(x)[axis] for x in node.input]
+    dims = [ctx.dims(x)[axis] for x in node.input]
+    if all(isinstance(d, int) for d in dims):
+        sizes = ctx.ints([int(d) for d in dims])  # type: ignore[arg-type]
+    else:  # sizes read when it runs
+        parts = [ctx.op("Gather", [ctx.op("Shape", [x]), ctx.ints([axis])]) for x in node.input]
+        sizes = ctx.op("Concat", parts, axis=0)
     names = [ctx.b.name(f"{x}_grad_part") for x in node.input]
     ctx.b.nodes.append(
-        onnx.helper.make_node("Split", [dy, ctx.ints(sizes)], names, name=ctx.b.name("n_Split"), axis=axis)
+        onnx.helper.make_node("Split", [dy, sizes], names, name=ctx.b.name("n_Split"), axis=axis)
     )
     return [name if ctx.needs(x) else None for x, name in zip(node.input, names)]
 
@@ -68,7 +73,10 @@ def _slice_params(ctx: Context, node: onnx.NodeProto, shape: tuple[Any, ...]) ->
     steps_list = [1] * len(starts) if steps is None else [int(s) for s in steps]
     full = [(0, d, 1) for d in shape]
     for a, st, en, sp in zip(axes_list, starts, ends, steps_list):
-        full[a] = slice(int(st), int(en), sp).indices(ctx.shape(node.input[0])[a])
+        size = shape[a]
+        if not isinstance(size, int):
+            size = ctx.shape(node.input[0])[a]  # refuses: a sliced axis must be static
+        full[a] = slice(int(st), int(en), sp).indices(size)
     return full
 
 
@@ -95,13 +103,21 @@ def _slice(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     return [grad, *([None] * (len(node.input) - 1))]
 
 
-def _non_negative(ctx: Context, indices: str, size: int) -> str:
-    """``indices`` with negative entries counted from the end (as Gather reads them)."""
+def _non_negative(ctx: Context, indices: str, x: str, axis: int) -> str:
+    """``indices`` with negative entries counted from the end of ``x``'s ``axis`` (as Gather
+    reads them)."""
     if indices in ctx.values and bool((ctx.values[indices] >= 0).all()):
         return indices
     dtype = onnx.helper.tensor_dtype_to_np_dtype(ctx.dtype(indices))
     zero = ctx.b.const(np.array(0, dtype=dtype), "zero", dtype=dtype)
-    shifted = ctx.op("Add", [indices, ctx.b.const(np.array(size, dtype=dtype), "size", dtype=dtype)])
+    dim = ctx.dims(x)[axis]
+    if isinstance(dim, int):
+        size = ctx.b.const(np.array(dim, dtype=dtype), "size", dtype=dtype)
+    else:  # read when it runs
+        size = ctx.op(
+            "Cast", [ctx.op("Gather", [ctx.op("Shape", [x]), ctx.ints([axis])])], to=ctx.dtype(indices)
+        )
+    shifted = ctx.op("Add", [indices, size])
     return ctx.op("Where", [ctx.op("Less", [indices, zero]), shifted, indices])
 
 
@@ -110,12 +126,11 @@ def _gather(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     (dy,) = dys
     assert dy is not None
     x, indices = node.input
-    shape = ctx.shape(x)
-    axis = _axis(node, len(shape))
-    idx = ctx.op("Cast", [_non_negative(ctx, indices, shape[axis])], to=onnx.TensorProto.INT64)
+    rank = ctx.rank(x)
+    axis = _axis(node, rank)
+    idx = ctx.op("Cast", [_non_negative(ctx, indices, x, axis)], to=onnx.TensorProto.INT64)
     # dX = zeros with dY added at the gathered rows (repeated ids add up): ScatterND on axis 0
-    perm = [axis, *[k for k in range(len(shape)) if k != axis]]
-    moved = tuple(shape[k] for k in perm)
+    perm = [axis, *[k for k in range(rank) if k != axis]]
     idx_rank = ctx.rank(indices)
     dy_perm = (
         list(range(axis, axis + idx_rank))
@@ -123,7 +138,10 @@ def _gather(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
         + list(range(axis + idx_rank, ctx.rank(node.output[0])))
     )
     dy_moved = ctx.transpose(dy, dy_perm) if axis else dy
-    zeros = ctx.const(np.zeros(moved), like=x)
+    if ctx.is_static(x):
+        zeros = ctx.const(np.zeros([ctx.shape(x)[k] for k in perm]), like=x)
+    else:
+        zeros = ctx.transpose(ctx.zeros_like(x), perm) if axis else ctx.zeros_like(x)
     scattered = ctx.op(
         "ScatterND", [zeros, ctx.op("Unsqueeze", [idx, ctx.ints([-1])]), dy_moved], reduction="add"
     )
@@ -136,11 +154,9 @@ def _gather_elements(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     (dy,) = dys
     assert dy is not None
     x, indices = node.input
-    shape = ctx.shape(x)
-    axis = _axis(node, len(shape))
-    idx = _non_negative(ctx, indices, shape[axis])
-    zeros = ctx.const(np.zeros(shape), like=x)
-    return [ctx.op("ScatterElements", [zeros, idx, dy], axis=axis, reduction="add"), None]
+    axis = _axis(node, ctx.rank(x))
+    idx = _non_negative(ctx, indices, x, axis)
+    return [ctx.op("ScatterElements", [ctx.zeros_like(x), idx, dy], axis=axis, reduction="add"), None]
 
 
 @rule("Expand")
