@@ -15,7 +15,7 @@ import nox
 nox.needs_version = ">=2024.3.2"
 nox.options.default_venv_backend = "virtualenv"
 nox.options.error_on_missing_interpreters = False
-nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.sessions = ["lint", "typecheck", "tests", "tests_onnx"]
 
 ROOT = pathlib.Path(__file__).parent
 PYTHONS = ["3.10", "3.11", "3.12"]
@@ -57,6 +57,30 @@ TEST_SUITES = {
 }
 # suites that need torch, provided for Python 3.11 only
 _TORCH_SUITES = ("torch", "zoo")
+#: the interpreter of the sessions on stock onnxruntime: onnxruntime-training has no wheel for it,
+#: so the `[cpu]` extra installs stock onnxruntime there (the `onnx` backend); no torch either
+STOCK_PYTHON = "3.13"
+#: the suites that also run on the `onnx` backend (issue 27: core and scikit-learn on both runtimes)
+ONNX_SUITES = ("core", "sklearn")
+#: the variable that makes every trainer, estimator and OnnxModule use a backend (_backends.py)
+BACKEND_VARIABLE = "ORT_TRAIN_BACKEND"
+# CI time (2 cores, 45 minutes, issue 27 item 8). Before issue 27, lint, typecheck and the
+# 3.10-3.12 `tests` took 17-25 min. The four tests_onnx sessions add, measured on the 2-core
+# machine at n=1 under a load of 5-7 (2026-11-26): 3.13 core 70 s install + 238 s tests, 3.13
+# scikit-learn 60 s + 342 s (with the API checks), 3.11 core 115 s + 233 s (without them); 3.11
+# scikit-learn about 60 s + 250 s: about 23 min more at one test process. A test process uses
+# one core (CPU time 15-21 s for test_math_contract's 656 tests, about its wall time: small graphs,
+# where Python and session creation dominate), so core and scikit-learn, the long suites, run on
+# two pytest-xdist workers (their collection is the same in every process, whatever the hash
+# seed): on CI's idle cores about half their time; measured under other jobs' load here it was a
+# wash (21-29 s at n=1 against 25-27 s at n=2). The torch and zoo suites stay in one process
+# (the zoo's Dropout trend test depends on what its process ran before; both are short). The slow
+# checks run once per backend: scikit-learn's parametrize_with_checks (~80 s a run) on 3.11 for
+# the training build (`tests`) and on 3.13 for ours (`tests_onnx`). Should the total pass 45 min,
+# the next cut is 3.12's scikit-learn suite (the same libraries as 3.11's; 3.10 keeps the oldest
+# scikit-learn).
+XDIST = ["-n", "2"]
+XDIST_SUITES = ("core", "sklearn")
 
 
 @nox.session(python=PYTHONS)
@@ -73,6 +97,18 @@ def tests(session: nox.Session, package: str, device: str) -> None:
             session.skip("the zoo has no cuda-marked tests: it compares CPU training with torch's")
     if package in _TORCH_SUITES and session.python != "3.11":
         session.skip("torch==2.13.0 (CPU build) is provided for Python 3.11 only on this machine class")
+    args = _install_suite(session, package, device)
+    marker = ["-m", "cuda"] if device == "cuda" else []
+    if device == "cpu" and session.python != PRIMARY_PYTHON and not session.posargs:
+        # scikit-learn's API checks (80 s a run) test behaviour no interpreter changes: once is
+        # enough, and CI's 45 minutes cannot pay them three times
+        marker = ["-m", "not sklearn_checks"]
+    session.run("python", "-m", "pytest", *marker, *args, env={"ORT_TRAIN_TEST_DEVICE": device})
+
+
+def _install_suite(session: nox.Session, package: str, device: str) -> list[str]:
+    """Installs one suite's distributions and test dependencies; returns pytest's arguments
+    (the posargs, else the suite's folder, with `-n 2` where it pays and none were given)."""
     (core, *adapters), extra, folder = TEST_SUITES[package]
     if package in (*_TORCH_SUITES, "core"):
         session.install(TORCH)  # (its marker installs nothing off 3.11)
@@ -81,14 +117,41 @@ def tests(session: nox.Session, package: str, device: str) -> None:
         session.install("-e", f"packages/{dist}")
     if package == "core" and session.python == PRIMARY_PYTHON:
         session.install("-e", "packages/ort-train-torch")
-    session.install("pytest>=8", "hypothesis", *extra)
-    args = session.posargs or [folder]
-    marker = ["-m", "cuda"] if device == "cuda" else []
-    if device == "cpu" and session.python != PRIMARY_PYTHON and not session.posargs:
-        # scikit-learn's API checks (80 s a run) test behaviour no interpreter changes: once is
-        # enough, and CI's 30 minutes cannot pay them three times
-        marker = ["-m", "not sklearn_checks"]
-    session.run("python", "-m", "pytest", *marker, *args, env={"ORT_TRAIN_TEST_DEVICE": device})
+    session.install("pytest>=8", "pytest-xdist", "hypothesis", *extra)
+    if session.posargs:
+        return list(session.posargs)
+    return [*(XDIST if package in XDIST_SUITES and device == "cpu" else []), folder]
+
+
+@nox.session(python=[PRIMARY_PYTHON, STOCK_PYTHON])
+@nox.parametrize("package", list(ONNX_SUITES))
+def tests_onnx(session: nox.Session, package: str) -> None:
+    """Core or scikit-learn tests on the `onnx` backend: 3.11 on the training build, 3.13 on stock.
+
+    On 3.11 every trainer, estimator and OnnxModule uses our backend over the training build's
+    onnxruntime (`ORT_TRAIN_BACKEND=onnx`); on 3.13 the `[cpu]` extra installs stock onnxruntime,
+    where ours is the default (tests needing torch skip: no torch for 3.13 here)."""
+    if session.python == PRIMARY_PYTHON:
+        session.env[BACKEND_VARIABLE] = "onnx"
+    args = _install_suite(session, package, "cpu")
+    # the runtime and backend the suite runs on, checked before it runs (a resolver change that
+    # put the training build on 3.13 would otherwise pass unnoticed)
+    expected = "onnxruntime-training-cpu" if session.python == PRIMARY_PYTHON else "onnxruntime"
+    session.run("python", "-c", _EXPECT_BACKEND.format(package=expected))
+    marker = []
+    if session.python == PRIMARY_PYTHON and not session.posargs:
+        marker = ["-m", "not sklearn_checks"]  # run for this backend on 3.13
+    session.run("python", "-m", "pytest", *marker, *args, env={"ORT_TRAIN_TEST_DEVICE": "cpu"})
+
+
+_EXPECT_BACKEND = """
+import importlib.metadata as m
+from onnxruntime.capi.build_and_package_info import package_name
+from ort_train_core._backends import default_backend_name
+assert package_name == {package!r}, package_name
+assert default_backend_name() == 'onnx', default_backend_name()
+print('onnxruntime:', package_name, m.version(package_name), '- backend:', default_backend_name())
+"""
 
 
 @nox.session(python=PRIMARY_PYTHON)

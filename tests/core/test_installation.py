@@ -70,8 +70,8 @@ def test_cpu_extra_takes_the_training_build_only_where_it_has_a_wheel(python, sy
     has_wheel = (python, system, machine) in TRAINING_WHEELS
     assert chosen == (["onnxruntime-training-cpu"] if has_wheel else ["onnxruntime"])
     # the runtime's own reading (what its error messages say) agrees with the marker
-    version = tuple(int(p) for p in python.split("."))
-    assert _runtime.has_training_wheel(version, system, machine) is has_wheel  # type: ignore[arg-type]
+    major, minor = python.split(".")
+    assert _runtime.has_training_wheel((int(major), int(minor)), system, machine) is has_wheel
 
 
 def test_stock_and_gpu_extras_take_stock_onnxruntime_everywhere():
