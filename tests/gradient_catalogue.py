@@ -98,7 +98,8 @@ class Case:
         from ort_train_core.graph import NO_GRADIENT_OPS
 
         free = {"Constant", "ConstantOfShape", *NO_GRADIENT_OPS}
-        missing = sorted({n.op_type for n in self.model.graph.node if n.op_type not in RULES and n.op_type not in free})
+        ops = {n.op_type for n in self.model.graph.node}
+        missing = sorted(ops - set(RULES) - free)
         return f"no gradient rule for operator ({'|'.join(missing)})" if missing else None
 
 

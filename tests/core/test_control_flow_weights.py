@@ -14,6 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from backend_support import training_build_only
 from ort_train_core import (
     GraphNotDifferentiableError,
     OrtGradientForwardBackwardOptimizer,
@@ -85,6 +86,9 @@ def test_fused_loop_names_the_control_flow_and_the_fix(kind: str) -> None:
     assert "was false" not in message  # no raw onnxruntime text
 
 
+@training_build_only(
+    "no gradient through If (refused naming the node); the training build inlines a constant If"
+)
 @pytest.mark.parametrize("kind", ["inside", "through"])
 def test_the_partial_loop_named_as_the_fix_trains_them(kind: str) -> None:
     trainer = OrtGradientForwardBackwardOptimizer(
@@ -139,6 +143,7 @@ def _nested_weight_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
+@training_build_only("no gradient through If (refused naming the node); the training build inlines it")
 def test_weight_read_two_subgraph_levels_down_is_trained() -> None:
     """It was left out of the default weights (only the first subgraph level was walked), and
     refused when named ("does not depend on weight 'W'")."""

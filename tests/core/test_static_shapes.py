@@ -7,6 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from backend_support import training_build_only
 from ort_train_core._binding import make_session
 from ort_train_core._ort_training import cpu_relu_grad, cpu_row_sums, fold_static_shapes
 from ort_train_core._runtime import parse_device
@@ -235,6 +236,7 @@ def test_broadcast_gradients_keep_numpy_values(batch):
         np.testing.assert_allclose(value, expected[name], rtol=1e-4, atol=1e-4, err_msg=name)
 
 
+@training_build_only("BroadcastGradientArgs is the training build's operator")
 def test_fused_hinge_step_loses_its_broadcast_arithmetic(monkeypatch):
     """A linear model with scikit-learn's hinge loss, sample weights and an l2 penalty at a
     fixed batch: the builder writes BroadcastGradientArgs (although every shape is known), the

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from core_models import build_linear
 
+from backend_support import training_build_only
 from ort_train_core import (
     OrtGradientForwardBackward,
     OrtGradientForwardBackwardOptimizer,
@@ -104,6 +105,7 @@ def test_invalid_threads_are_refused_before_any_step(kind: str, bad: Any) -> Non
     assert not hasattr(trainer, "n_iter_")
 
 
+@training_build_only("its sessions are made per input shapes, at the first forward")
 def test_forward_backward_pair_and_its_inference_session_take_threads() -> None:
     model = build_linear(seed=8)
     X, _ = _data()

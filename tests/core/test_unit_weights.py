@@ -11,6 +11,7 @@ import pytest
 from core_models import build_linear, initializers
 from onnx import TensorProto, helper, numpy_helper
 
+from backend_support import training_build_only
 from ort_train_core import OrtGradientOptimizer, add_loss_output
 from ort_train_core._binding import make_session
 from ort_train_core._ort_training import fold_unit_factors
@@ -35,6 +36,7 @@ def _weighted_sgd(
     return {"coef": coef, "intercept": intercept}
 
 
+@training_build_only("the unit-factor folding is a rewrite of the training build's gradient graph")
 def test_a_fit_without_weights_steps_on_constant_ones_then_a_weighted_fit_goes_on() -> None:
     rng = np.random.default_rng(2)
     X = rng.standard_normal((10, 3)).astype(np.float32)

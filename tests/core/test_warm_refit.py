@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from core_models import build_linear, build_mlp, initializers, linear_sgd_reference, mlp_forward
 
+from backend_support import training_build_only
 from ort_train_core import (
     OrtGradientForwardBackwardOptimizer,
     OrtGradientOptimizer,
@@ -156,6 +157,7 @@ def test_a_warm_refit_exports_its_own_weights(builds: collections.Counter[str]) 
         np.testing.assert_allclose(got, mlp_forward(trainer.get_state(), X), rtol=1e-5, atol=1e-6)
 
 
+@training_build_only("switches between the two backends")
 @pytest.mark.parametrize("loop", sorted(MAKERS))
 def test_another_batch_loss_architecture_or_backend_builds(
     loop: str, builds: collections.Counter[str], monkeypatch: pytest.MonkeyPatch

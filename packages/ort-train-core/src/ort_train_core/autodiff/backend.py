@@ -412,8 +412,6 @@ def _fixed(model: ModelProto, feeds: Sequence[str], shapes: Sequence[tuple[int, 
             del dims.dim[:]
             for d in by_name[vi.name]:
                 dims.dim.add().dim_value = d
-    for vi in out.graph.output:
-        vi.type.tensor_type.ClearField("shape")
     del out.graph.value_info[:]
     return out
 
@@ -453,12 +451,7 @@ def split_pair(
                 )
             )
     nodes = live_nodes(b.nodes, fetches)
-    seed_inputs = [
-        helper.make_tensor_value_info(
-            seeds[o], info.types[o], list(info.shapes[o]) if o in info.shapes else None
-        )
-        for o in seeded
-    ]
+    seed_inputs = [_value_info(seeds[o], o, info) for o in seeded]
     grad_outputs = [_value_info(f, n, info) for n, f in zip(differentiated, fetches)]
     joined = ModelProto()
     joined.CopyFrom(fwd)
