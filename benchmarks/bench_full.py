@@ -26,10 +26,10 @@ torch's threads): the full loop on the training build's fused step (``tb``, back
 step; float32, lr 0.01: linear regression 100k x 100, batch 256; logistic regression
 (cross-entropy on the logit) 100k x 1000, batch 1024 (3 epochs each); MLP 784-512-512-10 (ReLU,
 softmax cross-entropy) on 20k rows, batch 128 and 256 (1 epoch). Without the training build its
-routes are skipped and the files are named ``<host>-<date>-stock[-quick]``.
+routes are skipped.
 
 Run: ``python benchmarks/bench_full.py [--quick] [--only targets|backends] [--out DIR]``; it
-writes ``<host>-<date>[-quick].{json,md}``.
+writes ``<host>-<date>[-backends][-stock][-quick].{json,md}``.
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def backends_table(cases: list[dict[str, Any]]) -> list[str]:
     header = ["case", "threads", *(c if "/" in c else f"{c} ms" for c in COLUMNS)]
     rows = [[c["kind"], str(c["threads"])] + [cell(c["routes"], col) for col in COLUMNS] for c in cases]
     diff = max((r["rel_diff_final"] for c in cases for r in c["routes"].values()), default=0.0)
-    intro = f"Gradient backends (ms/step; a/b: ratio of two routes' ms; final losses within {diff:.1e}"
+    intro = f"Gradient backends (see bench_full.py; ms/step; a/b: ratio; final losses within {diff:.1e}"
     return ["", f"{intro} of the onnx full loop's):", "", *common.markdown_table(header, rows)]
 
 
@@ -140,7 +140,7 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "1-minute load average around each case (other processes on the machine): " + common.load_text(cases),
         "",
-        f"Data: {cfg['n_rows']} x {N_FEATURES} float32, {cfg['epochs']} epochs, constant "
+        f"Targets' cases (if run): {cfg['n_rows']} x {N_FEATURES} float32, {cfg['epochs']} epochs, constant "
         f"lr={LEARNING_RATE}, shuffle=False, MSE (mean). us/step = best of {cfg['repeats']} "
         "fit times / steps. Ratio = route us/step / full-loop us/step (> 1: slower than ours). "
         "Epoch loss: last epoch, mean of per-batch losses before each update (MSE scale). "
@@ -248,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     text = markdown(report)
     print(f"\n{text}")
-    common.write_report(args.out, None if is_training_build(ort_capi) else "stock", args.quick, report, text)
+    name = ["backends"] * (args.only == "backends") + ["stock"] * (not is_training_build(ort_capi))
+    common.write_report(args.out, "-".join(name) or None, args.quick, report, text)
     return 1 if any(c["failed"] for c in cases) else 0
 
 
