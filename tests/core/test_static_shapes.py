@@ -199,6 +199,7 @@ def _broadcasting_loss(batch: int | str) -> onnx.ModelProto:
     return model
 
 
+@training_build_only("checks the training build's BroadcastGradientArgs folding")
 @pytest.mark.parametrize("batch", [5, 1, "N"])
 def test_broadcast_gradients_keep_numpy_values(batch):
     """Every broadcast pattern at a fixed batch (of 5, or of 1, where the broadcast shape has
