@@ -224,7 +224,7 @@ class Context:
         """Output ``index`` of the forward ``node``, added when the node does not write it (a
         Dropout's mask): the backward reads it as a saved value."""
         if index < len(node.output) and node.output[index]:
-            return node.output[index]
+            return str(node.output[index])
         name = self.b.name(hint)
         if node.op_type == "Dropout":  # its mask: bool, shaped as the data
             self.types[name] = onnx.TensorProto.BOOL  # type: ignore[index]

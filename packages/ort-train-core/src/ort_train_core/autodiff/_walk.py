@@ -89,7 +89,7 @@ def static_info(model: onnx.ModelProto, differentiated: Sequence[str]) -> Static
         if name not in dims:
             dims[name] = tuple(values[name].shape)
             types.setdefault(name, int(onnx.helper.np_dtype_to_tensor_dtype(values[name].dtype)))
-    shapes = {k: v for k, v in dims.items() if all(isinstance(d, int) for d in v)}  # type: ignore[misc]
+    shapes = {k: tuple(int(d) for d in v) for k, v in dims.items() if all(isinstance(d, int) for d in v)}  # type: ignore[arg-type]
     return StaticInfo(shapes, types, values, dims)
 
 

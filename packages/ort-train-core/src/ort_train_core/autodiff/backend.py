@@ -478,7 +478,11 @@ def _split(
     constants = {n.output[0]: n for n in fwd.graph.node if n.op_type == "Constant" and not n.input}
     outputs = [o.name for o in fwd.graph.output]
     feed_index = {f: k for k, f in enumerate(feeds)}
-    copied_inits, copied_nodes, saved, saved_inputs, extra = [], [], [], [], []
+    copied_inits: list[onnx.TensorProto] = []
+    copied_nodes: list[onnx.NodeProto] = []
+    saved: list[tuple[str, int]] = []
+    saved_inputs: list[onnx.ValueInfoProto] = []
+    extra: list[str] = []
     for name in dict.fromkeys(read):
         if name in feed_index:
             saved.append(("input", feed_index[name]))

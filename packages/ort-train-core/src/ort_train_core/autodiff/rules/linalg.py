@@ -59,10 +59,10 @@ Dims = tuple["int | str | None", ...]
 
 def _batch_dims(sa: Dims, sb: Dims) -> Dims:
     """The broadcast batch dimensions of two matrix operands (symbolic where not static)."""
-    left, right = list(sa[:-2]), list(sb[:-2])
-    n = max(len(left), len(right))
-    left = [1] * (n - len(left)) + left
-    right = [1] * (n - len(right)) + right
+    n = max(len(sa), len(sb)) - 2
+    ones: list[int | str | None] = [1] * n
+    left = (ones + list(sa[:-2]))[-n:] if n else []
+    right = (ones + list(sb[:-2]))[-n:] if n else []
     return tuple(
         y if x == 1 else x if y == 1 else (x if isinstance(x, int) else y) for x, y in zip(left, right)
     )
