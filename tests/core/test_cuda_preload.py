@@ -202,6 +202,7 @@ def test_driver_error_is_reported():
 
 def test_ensure_cuda_checks_the_index_then_preloads_once(tmp_path, monkeypatch):
     monkeypatch.setattr(_cuda, "_READY", set())
+    monkeypatch.setattr(_cuda, "uses_cuda11_libraries", lambda: True)  # the training build's
     site = _site(tmp_path / "site-packages")
     libs = Recorder()
 
@@ -217,6 +218,25 @@ def test_ensure_cuda_checks_the_index_then_preloads_once(tmp_path, monkeypatch):
     ensure_cuda(0, [site], loader)
     ensure_cuda(1, [site], loader)
     assert len(libs.calls) == len(NEEDED)  # loaded once per process
+
+
+def test_onnxruntime_gpu_loads_its_own_libraries_not_cuda_11(tmp_path, monkeypatch):
+    """With stock onnxruntime-gpu (CUDA 13), the CUDA 11.8 wheels of the training build are not
+    required: onnxruntime's own preload_dlls loads what it links against."""
+    import onnxruntime
+
+    monkeypatch.setattr(_cuda, "_READY", set())
+    monkeypatch.setattr(_cuda, "uses_cuda11_libraries", lambda: False)
+    preloaded: list[int] = []
+    monkeypatch.setattr(onnxruntime, "preload_dlls", lambda: preloaded.append(1), raising=False)
+    libs = Recorder()
+
+    def loader(name: str) -> object:
+        return FakeDriver(1) if name == "libcuda.so.1" else libs(name)
+
+    ensure_cuda(0, [tmp_path], loader)  # no nvidia/ folder there: the 11.8 preload would raise
+    assert libs.calls == []
+    assert preloaded == [1]
 
 
 def test_no_gpu_names_cuda_visible_devices(monkeypatch):

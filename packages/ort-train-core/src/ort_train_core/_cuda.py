@@ -187,5 +187,27 @@ def ensure_cuda(index: int, roots: Sequence[Path] | None = None, loader: Loader 
             f"device 'cuda:{index}' does not exist: the NVIDIA driver sees {n} GPU(s), cuda:0 to cuda:{n - 1}"
         )
     if not _READY:
-        preload_cuda_libraries(roots, loader)
+        if uses_cuda11_libraries():
+            preload_cuda_libraries(roots, loader)
+        else:
+            preload_stock_cuda()
     _READY.add(index)
+
+
+def uses_cuda11_libraries() -> bool:
+    """Whether the loaded onnxruntime is the training build, whose CUDA provider links against
+    CUDA 11.8 and cuDNN 8 (the ``[cuda]`` extra's wheels); onnxruntime-gpu (``[gpu]``) brings its
+    own CUDA 13 dependencies."""
+    from ._runtime import is_training_build, ort_capi
+
+    return is_training_build(ort_capi)
+
+
+def preload_stock_cuda() -> None:
+    """onnxruntime-gpu's own loader of the CUDA and cuDNN libraries of the ``nvidia-*`` wheels
+    (``onnxruntime.preload_dlls``, onnxruntime 1.21+); older builds find them themselves."""
+    import onnxruntime
+
+    preload = getattr(onnxruntime, "preload_dlls", None)
+    if preload is not None:
+        preload()
