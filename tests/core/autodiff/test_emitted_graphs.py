@@ -95,9 +95,6 @@ def test_partial_loop_graphs_pass_the_full_check() -> None:
 def test_forward_backward_graphs_pass_the_full_check() -> None:
     model = set_batch_dimension(_mlp(3), ["X"], BATCH)
     runner = get_backend("onnx").forward_backward(model, ["W1", "B1", "W2"], ["X"], Device("cpu"))
-    x = ort_capi.OrtValue.ortvalue_from_numpy(
-        np.ones((BATCH, FEATURES), np.float32), Device("cpu").ort_device
-    )
     assert runner.graphs.gradient_model.graph.node  # built at construction: the shapes are static
     _assert_standard(runner.graphs.gradient_model)
     spec = next(iter(runner._specs.values()))[0]
