@@ -22,7 +22,8 @@ def _threads_of(session: Any) -> int:
 def _sessions(module: OnnxModule) -> list[Any]:
     sessions = []
     for fb in module._graphs.values():
-        sessions.append(fb._pair.session)
+        # the onnx backend's pair: a forward and a backward session per input shapes seen
+        sessions.extend(getattr(fb._pair, "sessions", [fb._pair.session]))
         if fb._inference is not None:
             sessions.append(fb._inference)
     return sessions
@@ -51,6 +52,8 @@ def test_every_session_of_the_module_takes_threads() -> None:
 
 def test_default_keeps_onnxruntimes_pool_and_bad_values_are_refused() -> None:
     model = onnx_from_torch_mlp(torch_mlp([3, 2], seed=0))
-    assert {_threads_of(s) for s in _sessions(OnnxModule(model))} == {0}
+    module = OnnxModule(model)
+    module(torch.randn(4, 3, requires_grad=True))  # the sessions a training forward makes
+    assert {_threads_of(s) for s in _sessions(module)} == {0}
     with pytest.raises(ValueError, match=r"threads must be None .* got 0"):
         OnnxModule(model, threads=0)

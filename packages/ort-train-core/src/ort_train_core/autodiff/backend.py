@@ -31,6 +31,8 @@ from ..graph import (
     check_differentiable,
     check_no_control_flow,
     check_precision,
+    control_flow_error,
+    control_flow_weights,
     value_types,
 )
 from ..learning_rate import BaseLearningRate
@@ -143,6 +145,9 @@ class OnnxBackend:
             When an operator on the way has no rule, or a weight no gradient (``.weight``).
         """
         types = value_types(model) if types is None else types
+        crossing = control_flow_weights(model, weights, types)
+        if crossing:  # the same refusal as the training build's pair, naming weights and nodes
+            raise control_flow_error(crossing, "onnxruntime could not build the forward/backward graphs")
         for out in model.graph.output:
             check_differentiable(model, weights, out.name, types)
             check_no_control_flow(model, [*weights, *inputs_requiring_grad], out.name)
@@ -295,6 +300,11 @@ class TwoSessionRunner:
         declared = _declared_shapes(self._model, self._feed_names)
         if declared is not None:  # static already (the trainers' fixed batch): build now
             self._spec(declared)
+
+    @property
+    def sessions(self) -> list[object]:
+        """The forward and backward sessions made so far (a pair per input shapes seen)."""
+        return [s for _, forward, backward in self._specs.values() for s in (forward, backward)]
 
     # -- the protocol ------------------------------------------------------------------
     @staticmethod
