@@ -13,6 +13,7 @@ onnxruntime-training 1.19.2 runs it too.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -40,6 +41,9 @@ from ._walk import StaticInfo, live_nodes, reverse_pass, static_info
 
 #: the lowest opset the rules write (ScatterND and ScatterElements with reduction='add': 16)
 MIN_GRADIENT_OPSET = 17
+#: input shape sets a pair keeps graphs and sessions for (least recently fed dropped first):
+#: sequences of many lengths fed to one OnnxModule would otherwise hold a pair per length
+MAX_SHAPE_SETS = 16
 
 
 class OnnxBackend:
@@ -295,7 +299,7 @@ class TwoSessionRunner:
             fetch_names=[f"{n}_grad" for n in self._differentiated],
             non_differentiable_outputs=skipped,
         )
-        self._specs: dict[tuple[tuple[int, ...], ...], tuple[PairSpec, object, object]] = {}
+        self._specs: OrderedDict[tuple[tuple[int, ...], ...], tuple[PairSpec, object, object]] = OrderedDict()
         self.session: object = None
         declared = _declared_shapes(self._model, self._feed_names)
         if declared is not None:  # static already (the trainers' fixed batch): build now
@@ -369,7 +373,9 @@ class TwoSessionRunner:
     # -- building ------------------------------------------------------------------------
     def _spec(self, shapes: tuple[tuple[int, ...], ...]) -> tuple[PairSpec, object, object]:
         found = self._specs.get(shapes)
-        if found is None:
+        if found is not None:
+            self._specs.move_to_end(shapes)
+        else:
             from .._binding import make_session
 
             spec, joined = split_pair(
@@ -378,6 +384,8 @@ class TwoSessionRunner:
             forward = make_session(spec.forward, self._device, threads=self._threads, reuse_memory=False)
             backward = make_session(spec.backward, self._device, threads=self._threads)
             found = self._specs[shapes] = (spec, forward, backward)
+            while len(self._specs) > MAX_SHAPE_SETS:  # a pending backward keeps its own refs
+                self._specs.popitem(last=False)
             if self.session is None:
                 self.session = forward
                 self.graphs.gradient_model = joined
