@@ -606,16 +606,21 @@ def differentiable_ancestors(
     :func:`value_types`."""
     known = value_types(model) if types is None else types
 
-    def carries_gradient(node: onnx.NodeProto | None, k: int | None, name: str) -> bool:
-        if not name or known.get(name, TensorProto.FLOAT) not in FLOAT_TYPES:
-            return False
-        if node is None or k is None or node.domain not in ("", "ai.onnx"):
-            return True
-        if node.op_type in NO_GRADIENT_OPS:
-            return False
-        return k not in NO_GRADIENT_INPUTS.get(node.op_type, ())
+    return _walk_back(model, outputs, lambda node, k, name: carries_gradient(node, k, name, known))
 
-    return _walk_back(model, outputs, carries_gradient)
+
+def carries_gradient(node: onnx.NodeProto | None, k: int | None, name: str, types: Mapping[str, int]) -> bool:
+    """Whether a gradient flows along ``name``, input ``k`` of ``node`` (node None: a graph
+    output; k None: a name a subgraph reads from the outer scope): a float value (or of unknown
+    type), not into a comparison, a shape or an index (:data:`NO_GRADIENT_OPS`,
+    :data:`NO_GRADIENT_INPUTS`). ``types``: :func:`value_types`."""
+    if not name or types.get(name, TensorProto.FLOAT) not in FLOAT_TYPES:
+        return False
+    if node is None or k is None or node.domain not in ("", "ai.onnx"):
+        return True
+    if node.op_type in NO_GRADIENT_OPS:
+        return False
+    return k not in NO_GRADIENT_INPUTS.get(node.op_type, ())
 
 
 def _outer_names(graph: onnx.GraphProto) -> list[str]:

@@ -6,6 +6,7 @@ typed constants). Rules register in :data:`RULES` by operator type with :func:`r
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,17 @@ def attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
     return default
 
 
+@dataclass
+class StaticInfo:
+    """Shapes (complete ones only), element types and constant values of a graph's values."""
+
+    shapes: dict[str, tuple[int, ...]]
+    types: dict[str, int]
+    values: Mapping[str, np.ndarray]
+    #: every value of known rank: its dimensions, an int, a symbolic name or None
+    dims: dict[str, tuple[int | str | None, ...]]
+
+
 class Context:
     """The forward graph as the rules read it, and the builder they write the backward with.
 
@@ -49,34 +61,21 @@ class Context:
     ----------
     builder : NodeBuilder
         Where the rules' nodes go (its names are unique in the whole graph).
-    shapes : mapping of str to tuple of int
-        Static shapes of the forward values (those onnx inferred completely).
-    types : mapping of str to int
-        ONNX element types of the forward values.
-    values : mapping of str to numpy.ndarray
-        Values known before running: initializers not differentiated, Constant outputs.
+    info : StaticInfo
+        Dimensions, element types and constant values of the forward values (see
+        :func:`._walk.static_info`).
     active : set of str
         The values a gradient is computed for (depending on a differentiated name, and reaching
         a seed): a rule emits an input's gradient only when :meth:`needs` it.
     """
 
-    def __init__(
-        self,
-        builder: NodeBuilder,
-        shapes: Mapping[str, tuple[int, ...]],
-        types: Mapping[str, int],
-        values: Mapping[str, np.ndarray],
-        active: set[str],
-        dims: Mapping[str, tuple[int | str | None, ...]] | None = None,
-    ) -> None:
+    def __init__(self, builder: NodeBuilder, info: StaticInfo, active: set[str]) -> None:
         self.b = builder
-        self.shapes = shapes
-        self.partial_dims = shapes if dims is None else dims
-        self.types = types
-        self.values = values
+        self.info = info
+        self.shapes = info.shapes
+        self.types = info.types
+        self.values = info.values
         self.active = active
-        #: forward nodes a rule asked to output more (Dropout's mask): node name -> outputs
-        self.extra_outputs: dict[str, list[str]] = {}
 
     # -- reading the forward graph -------------------------------------------------------
     def needs(self, name: str) -> bool:
@@ -96,7 +95,7 @@ class Context:
 
     def dims(self, name: str) -> tuple[int | str | None, ...]:
         """The dimensions of ``name``: an int where static, a symbolic name or None elsewhere."""
-        found = self.partial_dims.get(name)
+        found = self.info.dims.get(name)
         if found is None:
             raise GraphNotDifferentiableError(
                 f"the onnx backend needs the rank of {name!r}, which onnx's shape inference could "
@@ -227,11 +226,10 @@ class Context:
             return str(node.output[index])
         name = self.b.name(hint)
         if node.op_type == "Dropout":  # its mask: bool, shaped as the data
-            self.types[name] = onnx.TensorProto.BOOL  # type: ignore[index]
-            if node.input[0] in self.partial_dims:
-                self.partial_dims[name] = self.partial_dims[node.input[0]]  # type: ignore[index]
+            self.info.types[name] = onnx.TensorProto.BOOL
+            if node.input[0] in self.info.dims:
+                self.info.dims[name] = self.info.dims[node.input[0]]
         while len(node.output) < index:
             node.output.append("")
         node.output.append(name)
-        self.extra_outputs.setdefault(node.name, []).append(name)
         return name

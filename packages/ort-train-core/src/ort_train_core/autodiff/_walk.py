@@ -10,7 +10,6 @@ differentiated name reaches, gets no node; what the rules wrote but nothing read
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -18,9 +17,9 @@ from onnx import numpy_helper
 
 from .._builder import FLOAT_TYPES, NodeBuilder
 from ..exceptions import GraphNotDifferentiableError
-from ..graph import NO_GRADIENT_INPUTS, NO_GRADIENT_OPS, differentiable_ancestors
+from ..graph import carries_gradient, differentiable_ancestors
 from . import rules as _rules  # noqa: F401  (registers every rule family)
-from ._context import RULES, Context
+from ._context import RULES, Context, StaticInfo
 
 
 class _LazyValues(Mapping[str, np.ndarray]):
@@ -51,17 +50,6 @@ class _LazyValues(Mapping[str, np.ndarray]):
 
     def __len__(self) -> int:
         return len(self._tensors)
-
-
-@dataclass
-class StaticInfo:
-    """Shapes (complete ones only), element types and constant values of a graph's values."""
-
-    shapes: dict[str, tuple[int, ...]]
-    types: dict[str, int]
-    values: Mapping[str, np.ndarray]
-    #: every value of known rank: its dimensions, an int, a symbolic name or None
-    dims: dict[str, tuple[int | str | None, ...]]
 
 
 def static_info(model: onnx.ModelProto, differentiated: Sequence[str]) -> StaticInfo:
@@ -99,21 +87,40 @@ def _dim(d: onnx.TensorShapeProto.Dimension) -> int | str | None:
     return d.dim_param or None
 
 
-def _active(
+def active_values(
     model: onnx.ModelProto, names: Sequence[str], seeds: Sequence[str], types: Mapping[str, int]
 ) -> set[str]:
-    """The float values that depend on ``names`` and that a seed depends on."""
+    """The float values that depend on ``names`` and that a seed depends on, along the edges a
+    gradient flows on (:func:`graph.carries_gradient`, both ways)."""
     reached = set(names)
     for node in model.graph.node:
-        if node.domain in ("", "ai.onnx") and node.op_type in NO_GRADIENT_OPS:
-            continue
-        skip = NO_GRADIENT_INPUTS.get(node.op_type, frozenset())
-        if any(i in reached for k, i in enumerate(node.input) if k not in skip):
+        if any(x in reached and carries_gradient(node, k, x, types) for k, x in enumerate(node.input)):
             reached.update(
                 o for o in node.output if o and types.get(o, onnx.TensorProto.FLOAT) in FLOAT_TYPES
             )
     needed, _ = differentiable_ancestors(model, seeds, types)
     return reached & needed
+
+
+def checked_path(model: onnx.ModelProto, active: set[str]) -> list[onnx.NodeProto]:
+    """The nodes computing an ``active`` value, in graph order, after refusing (naming them)
+    those without a rule."""
+    path = [n for n in model.graph.node if any(o in active for o in n.output)]
+    missing = [n for n in path if n.domain not in ("", "ai.onnx") or n.op_type not in RULES]
+    if missing:
+        listed = "; ".join(f"operator {_qualified(n)} (node {n.name!r})" for n in missing[:8])
+        more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+        raise GraphNotDifferentiableError(
+            f"the onnx backend has no gradient rule for {listed}{more}, on the way from the trained "
+            "weights to the loss: leave the weights before it out of weights_to_train, write that "
+            "step with operators that have one, or use backend='onnxruntime-training' where it is "
+            "installed"
+        )
+    return path
+
+
+def _qualified(node: onnx.NodeProto) -> str:
+    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
 
 
 def reverse_pass(
@@ -122,7 +129,7 @@ def reverse_pass(
     names: Sequence[str],
     builder: NodeBuilder,
     info: StaticInfo,
-) -> tuple[dict[str, str], Context]:
+) -> dict[str, str]:
     """Writes, with ``builder``, the gradients of ``names`` given the gradients of the seeds.
 
     Parameters
@@ -142,19 +149,16 @@ def reverse_pass(
 
     Returns
     -------
-    (dict of str to str, Context)
-        The gradient value of each name that a seed reaches, and the rules' context (forward
-        outputs a rule added: ``context.extra_outputs``).
+    dict of str to str
+        The gradient value of each name that a seed reaches.
 
     Raises
     ------
     GraphNotDifferentiableError
         Naming every operator on the way that has no rule, before any node is written.
     """
-    active = _active(model, names, list(seeds), info.types)
-    path = [n for n in model.graph.node if any(o in active for o in n.output)]
-    _check_rules(path)
-    ctx = Context(builder, info.shapes, info.types, info.values, active, info.dims)
+    ctx = Context(builder, info, active_values(model, names, list(seeds), info.types))
+    path = checked_path(model, ctx.active)
     contributions: dict[str, list[str]] = {s: [g] for s, g in seeds.items()}
     for node in reversed(path):
         dys = [_total(ctx, o, contributions.get(o)) for o in node.output]
@@ -162,14 +166,14 @@ def reverse_pass(
             continue
         dxs = RULES[node.op_type](ctx, node, dys)
         for x, dx in zip(node.input, dxs):
-            if dx is not None and x in active:
+            if dx is not None and ctx.needs(x):
                 contributions.setdefault(x, []).append(dx)
     grads = {}
     for name in names:
         total = _total(ctx, name, contributions.get(name))
         if total is not None:
             grads[name] = total
-    return grads, ctx
+    return grads
 
 
 def _total(ctx: Context, name: str, parts: list[str] | None) -> str | None:
@@ -178,20 +182,6 @@ def _total(ctx: Context, name: str, parts: list[str] | None) -> str | None:
     if len(parts) > 1:  # several consumers: one Sum, and the list holds it from now on
         parts[:] = [ctx.op("Sum", parts, f"{name}_grad_sum")]
     return parts[0]
-
-
-def _check_rules(path: Sequence[onnx.NodeProto]) -> None:
-    missing = [n for n in path if n.domain not in ("", "ai.onnx") or n.op_type not in RULES]
-    if missing:
-        domain = {n.name: "" if n.domain in ("", "ai.onnx") else n.domain + "." for n in missing}
-        listed = "; ".join(f"operator {domain[n.name]}{n.op_type} (node {n.name!r})" for n in missing[:8])
-        more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
-        raise GraphNotDifferentiableError(
-            f"the onnx backend has no gradient rule for {listed}{more}, on the way from the trained "
-            "weights to the loss: leave the weights before it out of weights_to_train, write that "
-            "step with operators that have one, or use backend='onnxruntime-training' where it is "
-            "installed"
-        )
 
 
 def live_nodes(nodes: Sequence[onnx.NodeProto], outputs: Sequence[str]) -> list[onnx.NodeProto]:

@@ -22,7 +22,7 @@ import onnx
 from onnx import ModelProto, helper
 
 from .._binding import io_binding
-from .._builder import FLOAT_TYPES, NodeBuilder
+from .._builder import NodeBuilder
 from .._gradient import ForwardBackwardGraphs, FusedStepSignature, fused_step_from_gradients
 from .._runtime import Device
 from ..exceptions import GraphNotDifferentiableError
@@ -37,7 +37,8 @@ from ..graph import (
     value_types,
 )
 from ..learning_rate import BaseLearningRate
-from ._walk import StaticInfo, live_nodes, reverse_pass, static_info
+from ._context import StaticInfo
+from ._walk import active_values, checked_path, live_nodes, reverse_pass, static_info
 
 #: the lowest opset the rules write (ScatterND and ScatterElements with reduction='add': 16)
 MIN_GRADIENT_OPSET = 17
@@ -87,7 +88,7 @@ class OnnxBackend:
         loss_type = info.types.get(loss_name, onnx.TensorProto.FLOAT)
         b = NodeBuilder(loss_type, _opset(out), all_names(out), prefix="grad_")
         seed = b.const(np.ones(info.shapes.get(loss_name, ())), f"{loss_name}_seed")
-        grads, _ = reverse_pass(out, {loss_name: seed}, names, b, info)
+        grads = reverse_pass(out, {loss_name: seed}, names, b, info)
         _check_reached(names, grads, loss_name)
         outputs = [f"{n}_grad" for n in names]
         b.nodes.extend(helper.make_node("Identity", [grads[n]], [o]) for n, o in zip(names, outputs))
@@ -287,9 +288,11 @@ class TwoSessionRunner:
             i.name for i in g.input if i.name not in weights and i.name not in inits
         ] + weights
         outputs = [o.name for o in g.output]
-        reached = _reached_outputs(self._model, self._differentiated, outputs, types)
-        check_rules_on_path(self._model, self._differentiated, outputs, types)  # before any session
-        skipped = frozenset(k for k, o in enumerate(outputs) if o not in reached)
+        # the outputs no differentiated value reaches take no gradient; the operators on the way
+        # are checked here, before any session (the graphs themselves wait for fixed shapes)
+        active = active_values(self._model, self._differentiated, outputs, types)
+        checked_path(self._model, active)
+        skipped = frozenset(k for k, o in enumerate(outputs) if o not in active)
         self.graphs = ForwardBackwardGraphs(
             gradient_model=self._model,
             input_names=self._feed_names[: len(self._feed_names) - len(weights)],
@@ -403,25 +406,6 @@ def _declared_shapes(model: ModelProto, feeds: Sequence[str]) -> tuple[tuple[int
     return tuple(shapes)
 
 
-def check_rules_on_path(
-    model: ModelProto, names: Sequence[str], outputs: Sequence[str], types: Mapping[str, int]
-) -> None:
-    """Refuses, naming them, the operators between ``names`` and ``outputs`` without a rule."""
-    from ._walk import _active, _check_rules
-
-    active = _active(model, names, outputs, types)
-    _check_rules([n for n in model.graph.node if any(o in active for o in n.output)])
-
-
-def _reached_outputs(
-    model: ModelProto, names: Sequence[str], outputs: Sequence[str], types: Mapping[str, int]
-) -> set[str]:
-    from ._walk import _active
-
-    active = _active(model, names, outputs, types)
-    return {o for o in outputs if o in active and types.get(o, onnx.TensorProto.FLOAT) in FLOAT_TYPES}
-
-
 def _fixed(model: ModelProto, feeds: Sequence[str], shapes: Sequence[tuple[int, ...]]) -> ModelProto:
     """A copy of ``model`` whose feeds have ``shapes`` (the outputs' shapes left to inference)."""
     out = ModelProto()
@@ -452,7 +436,7 @@ def split_pair(
     seeded = [o for k, o in enumerate(outputs) if k not in graphs.non_differentiable_outputs]
     b = NodeBuilder(onnx.TensorProto.FLOAT, _opset(fwd), all_names(fwd), prefix="bw_")
     seeds = {o: b.name(f"{o}_grad_output") for o in seeded}
-    grads, _ = reverse_pass(fwd, seeds, differentiated, b, info)
+    grads = reverse_pass(fwd, seeds, differentiated, b, info)
     weights = set(graphs.weights)
     _check_reached([n for n in differentiated if n in weights], grads, "the outputs")
     fetches = graphs.fetch_names
