@@ -17,8 +17,6 @@ from typing import Any, Generic, TypeVar
 
 from onnx import ModelProto
 
-from ._builder import FLOAT_TYPES
-
 V = TypeVar("V")
 #: what a lookup finds for a key it does not hold (None may be an entry)
 _ABSENT = object()
@@ -59,11 +57,6 @@ def model_digest(model: ModelProto, without_values: Collection[str] = ()) -> byt
             for field in _VALUE_FIELDS:
                 tensor.ClearField(field)
     return hashlib.sha256(out.SerializeToString()).digest()
-
-
-def float_initializers(model: ModelProto) -> list[str]:
-    """The names of the float initializers of ``model`` (every weight it may train)."""
-    return [t.name for t in model.graph.initializer if t.data_type in FLOAT_TYPES]
 
 
 def keeps_values(source: ModelProto, built: ModelProto, names: Collection[str]) -> bool:

@@ -19,7 +19,6 @@ from ._binding import count_input_values, cpu_threads, make_session
 from ._cache import (
     MAX_CACHED_MODEL_BYTES,
     LRUCache,
-    float_initializers,
     keeps_values,
     model_digest,
     with_values,
@@ -33,6 +32,7 @@ from .checkpoint import TrainingState, model_fingerprint
 from .graph import (
     check_weights,
     default_weights_to_train,
+    float_initializers,
     get_metadata,
     initializer_values,
     initializers_to_inputs,

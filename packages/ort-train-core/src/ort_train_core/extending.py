@@ -32,7 +32,6 @@ from ._binding import DLPACK_BOOL_AS_UINT8, count_weight_values, cpu_threads
 from ._cache import (
     MAX_CACHED_MODEL_BYTES,
     LRUCache,
-    float_initializers,
     keeps_values,
     model_digest,
     with_values,
@@ -48,6 +47,7 @@ from ._data import (
 )
 from ._loss_trainer import EPOCH_LOSS_WEIGHTS
 from ._runtime import Device
+from .graph import float_initializers
 
 __all__ = [
     "BACKENDS",

@@ -629,6 +629,18 @@ def _outer_names(graph: onnx.GraphProto) -> list[str]:
 
 
 def float_initializers(model: ModelProto) -> dict[str, onnx.TensorProto]:
+    """The float initializers of ``model`` by name: every weight it may train.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The model.
+
+    Returns
+    -------
+    dict of str to onnx.TensorProto
+        The initializers of a float element type, in graph order.
+    """
     return {i.name: i for i in model.graph.initializer if i.data_type in FLOAT_TYPES}
 
 
