@@ -97,11 +97,18 @@ def _fix_message(installed: dict[str, str]) -> str:
 def loaded_build() -> str:
     """The distribution name and version of the onnxruntime that is loaded, as one string
     (``"'onnxruntime' 1.32.0"``)."""
+    name, version = _package_info()
+    return f"'{name}' {version}".rstrip()
+
+
+def _package_info() -> tuple[str, str]:
+    """The loaded onnxruntime's distribution name and version, as its build recorded them
+    (``('unknown', '')`` for a build without that record)."""
     try:
-        from onnxruntime.capi.build_and_package_info import __version__, package_name
+        from onnxruntime.capi import build_and_package_info as info
     except ImportError:
-        return "'unknown'"
-    return f"'{package_name}' {__version__}"
+        return "unknown", ""
+    return str(getattr(info, "package_name", "unknown")), str(getattr(info, "__version__", ""))
 
 
 def training_build_fix(installed: dict[str, str] | None = None) -> str:
@@ -201,13 +208,9 @@ def load_capi() -> Any:
         raise TrainingRuntimeError(
             f"onnxruntime cannot be imported ({exc}). " + _fix_message(installed_onnxruntime_distributions())
         ) from exc
-    try:
-        from onnxruntime.capi.build_and_package_info import package_name
-    except ImportError:
-        package_name = "unknown"
     if not all(hasattr(capi, n) for n in ("InferenceSession", "OrtValue", "SessionIOBinding")):
         raise TrainingRuntimeError(
-            f"the imported onnxruntime ('{package_name}') lacks its compiled bindings. "
+            f"the imported onnxruntime ('{_package_info()[0]}') lacks its compiled bindings. "
             + _fix_message(installed_onnxruntime_distributions())
         )
     return capi
@@ -216,15 +219,12 @@ def load_capi() -> Any:
 def is_training_build(capi: Any) -> bool:
     """Whether ``capi`` (onnxruntime's bindings) is the training build, with its gradient
     builders (the ``onnxruntime-training`` backend needs them; the ``onnx`` backend does not)."""
-    try:
-        from onnxruntime.capi.build_and_package_info import package_name
-    except ImportError:
-        package_name = "unknown"
-    return package_name in TRAINING_PACKAGES and hasattr(capi, "GradientGraphBuilder")
+    return _package_info()[0] in TRAINING_PACKAGES and hasattr(capi, "GradientGraphBuilder")
 
 
-#: onnxruntime's compiled Python bindings (``onnxruntime.capi._pybind_state``) of the training
-#: build: OrtValue, OrtDevice, InferenceSession, SessionIOBinding, and the training classes. Only
+#: onnxruntime's compiled Python bindings (``onnxruntime.capi._pybind_state``), of the training
+#: build or a stock one: OrtValue, OrtDevice, InferenceSession, SessionIOBinding, and the
+#: training classes where the training build is loaded (:func:`is_training_build`). Only
 #: the modules that hold OrtValues and sessions (_binding, _data, _runner) and the gradient
 #: backend (_ort_training) use it; the trainers and the adapters go through them.
 ort_capi = load_capi()
