@@ -20,15 +20,9 @@ from core_models import build_mlp, initializers
 from onnx import numpy_helper
 
 import ort_train_core as otc
-from ort_train_core._runtime import is_training_build, ort_capi
+from backend_support import BOTH, needs_training
 from ort_train_core.cli import gradient_status, main
 from ort_train_core.graph import set_batch_dimension
-
-TRAINING_BUILD = is_training_build(ort_capi)
-needs_training = pytest.mark.skipif(
-    not TRAINING_BUILD, reason="the training build of onnxruntime is not loaded"
-)
-BOTH = ["onnx", pytest.param("onnxruntime-training", marks=needs_training)]
 
 N_ROWS, N_FEATURES, N_HIDDEN, N_OUT = 20, 4, 5, 2
 BATCH, EPOCHS = 4, 4  # 5 steps an epoch: 20 steps

@@ -8,6 +8,7 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
+from backend_support import TRAINING_BUILD
 from ort_train_core import (
     ConvergenceError,
     LearningRateSGD,
@@ -218,17 +219,11 @@ def test_cuda_with_the_cpu_build_names_the_cuda_extra(fitted, linear_data, devic
     X, y = linear_data
     before = _snapshot(fitted)
     fitted.set_params(device=device)
-    installed = "onnxruntime-training-cpu" if _training_build() else "onnxruntime"
+    installed = "onnxruntime-training-cpu" if TRAINING_BUILD else "onnxruntime"
     with pytest.raises(ValueError, match=rf"CUDA build.*pip uninstall -y {installed}\b") as info:
         fitted.fit(X, y)
     assert 'pip install "ort-train-core[cuda]"' in str(info.value)
     _assert_unchanged(fitted, before)
-
-
-def _training_build() -> bool:
-    from ort_train_core._runtime import is_training_build, ort_capi
-
-    return is_training_build(ort_capi)
 
 
 # ---- graphs that cannot be trained ------------------------------------------------------------

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from core_models import build_linear, build_mlp, initializers, linear_sgd_reference, mlp_forward
 
-from backend_support import training_build_only
+from backend_support import AVAILABLE, each_backend, training_build_only  # noqa: F401  (the backend fixture)
 from ort_train_core import (
     OrtGradientForwardBackwardOptimizer,
     OrtGradientOptimizer,
@@ -25,23 +25,6 @@ from ort_train_core import (
 )
 from ort_train_core._backends import get_backend
 from ort_train_core._cache import LRUCache
-
-BACKENDS = ("onnxruntime-training", "onnx")
-
-
-def _backend_available(name: str) -> bool:
-    try:
-        get_backend(name)
-    except Exception:  # the training build absent (stock onnxruntime)
-        return False
-    return True
-
-
-@pytest.fixture(params=[b for b in BACKENDS if _backend_available(b)])
-def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each backend in turn, chosen as the default (the trainers' ``backend=None``)."""
-    monkeypatch.setenv("ORT_TRAIN_BACKEND", request.param)
-    return str(request.param)
 
 
 def _empty_caches(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -79,11 +62,10 @@ def builds(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
     counting(_binding, "_new_session")
     counting(partial, "build_loss_gradient_graph")
     counting(partial, "build_update_graph")
-    for name in BACKENDS:
-        if _backend_available(name):
-            cls = type(get_backend(name))
-            counting(cls, "fused_step")
-            counting(cls, "forward_backward")
+    for name in AVAILABLE:
+        cls = type(get_backend(name))
+        counting(cls, "fused_step")
+        counting(cls, "forward_backward")
     return counts
 
 
@@ -179,8 +161,7 @@ def test_another_batch_loss_architecture_or_backend_builds(
         make(model, **kw).fit(X, y)
         built = sum(builds.values())
         assert built > 0, f"another {what} reused the graphs of the first fit"
-    others = [b for b in BACKENDS if _backend_available(b)]
-    if len(others) == 2:
+    if len(AVAILABLE) == 2:
         builds.clear()
         monkeypatch.setenv("ORT_TRAIN_BACKEND", "onnx")
         make(build_mlp(seed=2)).fit(X, y)

@@ -21,7 +21,7 @@ from sklearn.neural_network import MLPClassifier, MLPRegressor
 from sklearn.utils.estimator_checks import parametrize_with_checks
 from test_estimators import CHECKED, _expected_failed_checks
 
-from ort_train_core._runtime import is_training_build, ort_capi
+from backend_support import BOTH, TRAINING_BUILD, needs_training
 from ort_train_sklearn import (
     OnnxModelClassifier,
     OnnxModelRegressor,
@@ -32,11 +32,6 @@ from ort_train_sklearn import (
 )
 
 SEED = 0
-TRAINING_BUILD = is_training_build(ort_capi)
-needs_training = pytest.mark.skipif(
-    not TRAINING_BUILD, reason="the training build of onnxruntime is not loaded"
-)
-BOTH = ["onnx", pytest.param("onnxruntime-training", marks=needs_training)]
 TRAININGS = ["full", "partial"]
 AGREE = 1e-5
 MLP: dict[str, Any] = dict(hidden_layer_sizes=(5,), max_iter=4, tol=None, random_state=SEED, shuffle=False)

@@ -14,6 +14,7 @@ from sklearn.base import clone
 from sklearn.datasets import make_classification, make_regression
 from sklearn.linear_model import SGDRegressor
 
+from backend_support import AVAILABLE, each_backend  # noqa: F401  (the backend fixture)
 from ort_train_core import _binding, _loss_trainer, optimizer, partial
 from ort_train_core._backends import get_backend
 from ort_train_core._cache import LRUCache
@@ -24,24 +25,6 @@ from ort_train_sklearn import (
     OrtSGDRegressor,
     _base,
 )
-
-BACKENDS = ("onnxruntime-training", "onnx")
-
-
-def _available(name: str) -> bool:
-    try:
-        get_backend(name)
-    except Exception:  # the training build absent (stock onnxruntime)
-        return False
-    return True
-
-
-@pytest.fixture(params=[b for b in BACKENDS if _available(b)])
-def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each backend in turn, as the default the estimators' trainers take."""
-    monkeypatch.setenv("ORT_TRAIN_BACKEND", request.param)
-    return str(request.param)
-
 
 _CACHES = [
     (_base, "_LOSS_GRAPHS"),
@@ -78,10 +61,9 @@ def builds(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
     counting(_binding, "_new_session")
     counting(partial, "build_loss_gradient_graph")
     counting(partial, "build_update_graph")
-    for name in BACKENDS:
-        if _available(name):
-            counting(type(get_backend(name)), "fused_step")
-            counting(type(get_backend(name)), "forward_backward")
+    for name in AVAILABLE:
+        counting(type(get_backend(name)), "fused_step")
+        counting(type(get_backend(name)), "forward_backward")
     return counts
 
 

@@ -15,14 +15,9 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 from torch_models import onnx_from_torch_mlp, torch_mlp, torch_weights_as_onnx
 
-from ort_train_core._runtime import is_training_build, ort_capi
+from backend_support import BOTH, needs_training
 from ort_train_torch import OnnxModule
 
-TRAINING_BUILD = is_training_build(ort_capi)
-needs_training = pytest.mark.skipif(
-    not TRAINING_BUILD, reason="the training build of onnxruntime is not loaded"
-)
-BOTH = ["onnx", pytest.param("onnxruntime-training", marks=needs_training)]
 AGREE = 1e-5
 OPTIMIZERS = {
     "sgd": lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9, nesterov=True),
