@@ -219,17 +219,34 @@ class Context:
     def transpose(self, x: str, perm: Sequence[int]) -> str:
         return self.op("Transpose", [x], perm=[int(p) for p in perm])
 
-    def output_of(self, node: onnx.NodeProto, index: int, hint: str) -> str:
+    def output_of(
+        self,
+        node: onnx.NodeProto,
+        index: int,
+        hint: str,
+        elem_type: int | None = None,
+        dims: Sequence[int | str | None] | None = None,
+    ) -> str:
         """Output ``index`` of the forward ``node``, added when the node does not write it (a
-        Dropout's mask): the backward reads it as a saved value."""
+        Dropout's mask, a MaxPool's Indices, a recurrence's Y): the backward reads it as a saved
+        value. ``elem_type`` and ``dims`` describe an added output (default for Dropout: its
+        bool mask, shaped as the data)."""
         if index < len(node.output) and node.output[index]:
             return str(node.output[index])
         name = self.b.name(hint)
-        if node.op_type == "Dropout":  # its mask: bool, shaped as the data
-            self.info.types[name] = onnx.TensorProto.BOOL
-            if node.input[0] in self.info.dims:
-                self.info.dims[name] = self.info.dims[node.input[0]]
+        if node.op_type == "Dropout" and elem_type is None:  # its mask: bool, shaped as the data
+            elem_type = onnx.TensorProto.BOOL
+            dims = self.info.dims.get(node.input[0])
+        if elem_type is not None:
+            self.info.types[name] = elem_type
+        if dims is not None:
+            self.info.dims[name] = tuple(dims)
+            if all(isinstance(d, int) for d in dims):
+                self.info.shapes[name] = tuple(int(d) for d in dims)  # type: ignore[arg-type]
         while len(node.output) < index:
             node.output.append("")
-        node.output.append(name)
+        if index < len(node.output):
+            node.output[index] = name
+        else:
+            node.output.append(name)
         return name
