@@ -47,6 +47,7 @@ from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 import ort_train_core  # noqa: E402
+from backend_support import BACKEND  # noqa: E402
 from ort_train_core import (  # noqa: E402
     Callback,
     LearningRateSGD,
@@ -277,12 +278,24 @@ def routes(name: str) -> tuple[str, ...]:
     return tuple(r for r in ROUTES if r != "sklearn" or zm.ALL_CASES[name].task != "per_position")
 
 
-def _cases() -> list[Any]:
+def refused_here(name: str, scope: str) -> bool:
+    """Whether this run's backend refuses to train the pair: the training build cannot run the
+    gradient of some operators on every weight's path (:attr:`zoo_models.ZooCase.training_build_refuses`;
+    the head alone trains there)."""
+    refuses = zm.ALL_CASES[name].training_build_refuses
+    return bool(refuses) and scope == "all" and BACKEND == "onnxruntime-training"
+
+
+def _cases(refused: bool = False) -> list[Any]:
+    """The (architecture, exporter, route, scope) pairs this backend trains, or with
+    ``refused=True`` those it refuses."""
     out = []
     for name, case in zm.ALL_CASES.items():
         for exporter in case.exporters:
             for route in routes(name):
                 for scope in SCOPES:
+                    if refused_here(name, scope) != refused:
+                        continue
                     reasons = known_failures(name, exporter, route, scope)
                     case_id = f"{name}-{exporter}-{route}-{scope}"
                     if f"trains_like_torch[{case_id}]" in PENDING:
@@ -329,10 +342,11 @@ def _check_running_statistics(trained: onnx.ModelProto, reference: nn.Module) ->
 
 def expects_export_warning(name: str, exporter: str) -> bool:
     """Whether the trainers' ExportedGraphWarning is expected: on every dynamo export (what that
-    exporter changed, issue 17 item 8), and on issue 26's networks whatever the exporter: they
-    hold what the warning names on purpose (GPT-2's tied embedding, the MLP's shared layer) or
-    Conv without BatchNorm (GroupNorm, TCN, segmentation: nothing was folded)."""
-    return exporter == "dynamo" or name in zm.ZOO_ROUND2
+    exporter changed, issue 17 item 8), and on issue 26's and 28's networks whatever the
+    exporter: they hold what the warning names on purpose (GPT-2's tied embedding, the MLP's
+    shared layer) or Conv without BatchNorm (GroupNorm, TCN, segmentation, UNet: nothing was
+    folded)."""
+    return exporter == "dynamo" or name in zm.ZOO_ROUND2 or name in zm.ZOO_ROUND3
 
 
 @pytest.mark.parametrize(("name", "exporter", "route", "scope"), _cases())
@@ -360,6 +374,26 @@ def test_trains_like_torch(name: str, exporter: str, route: str, scope: str) -> 
         rtol=OUTPUT_ATOL,
         atol=OUTPUT_ATOL,
     )
+
+
+# (an empty set on the onnx backend, which trains every case: pytest reports it skipped)
+@pytest.mark.parametrize(("name", "exporter", "route", "scope"), _cases(refused=True))
+def test_training_build_refuses(name: str, exporter: str, route: str, scope: str) -> None:
+    """The training build has no CPU kernel for ConvTransposeGrad nor ResizeGrad: training every
+    weight of the UNet refuses on every route, naming the operator and the node, before any step
+    (the onnx backend trains it: :func:`test_trains_like_torch`)."""
+    _, model = exported(name, exporter)
+    operators = "|".join(zm.ALL_CASES[name].training_build_refuses)
+    with warnings.catch_warnings():
+        if EXPORTED_GRAPH_WARNING is not None:
+            warnings.simplefilter("ignore", category=EXPORTED_GRAPH_WARNING)
+        with pytest.raises(
+            ort_train_core.GraphNotDifferentiableError,
+            match=rf"^operator ({operators}) \(node '[^']+'\) has no gradient kernel on CPU in "
+            r"onnxruntime-training 1\.19\.2 \(\1Grad exists only for CUDA\): train on a CUDA device, "
+            r"leave the weights before the \1 out of weights_to_train",
+        ):
+            RUNNERS[route](name, model, None)
 
 
 def _inspect_cases() -> list[Any]:

@@ -1,8 +1,9 @@
-"""The model zoo: the seven architectures of issue 17 (:data:`ZOO`) and the six of issue 26
+"""The model zoo: the seven architectures of issue 17 (:data:`ZOO`), the six of issue 26
 (:data:`ZOO_ROUND2`: GroupNorm CNN, dilated depthwise TCN, BiLSTM, segmentation head, shared-layer
-MLP with Dropout, GPT-2) that people export from torch, written here at tiny sizes (seconds per
-model), their example data, both torch exporters, and the map from torch parameter names to the
-ONNX initializers that hold them.
+MLP with Dropout, GPT-2) and the three of issue 28 (:data:`ZOO_ROUND3`: UNet, GroupNorm and
+InstanceNorm CNN with SiLU and squeeze-excitation, two-input recommender) that people export from
+torch, written here at tiny sizes (seconds per model), their example data, both torch exporters,
+and the map from torch parameter names to the ONNX initializers that hold them.
 
 A module of its own (not conftest.py), imported by name like ``tests/core/core_models.py``.
 
@@ -231,8 +232,18 @@ class Conv1dNet(nn.Module):
         return self.head(torch.flatten(self.pool(self.relu(self.conv2(x))), 1))
 
 
-# issue 26: the architectures users brought (UNet left out: Resize and ConvTranspose have no
+# issue 26: the architectures users brought (UNet left out then: Resize and ConvTranspose have no
 # gradient kernel in onnxruntime-training 1.19.2)
+
+
+def randomise_affine(*norms: nn.GroupNorm | nn.InstanceNorm2d) -> None:
+    """Gives the affine weights and biases of normalisation layers values of their own (as a
+    trained network has): freshly initialised ones and zeros are equal across layers, and the
+    dynamo exporter would merge them into one initializer that training ties."""
+    with torch.no_grad():
+        for norm in norms:
+            norm.weight.uniform_(0.5, 1.5)
+            norm.bias.uniform_(-0.5, 0.5)
 
 
 class GroupNormCNN(nn.Module):
@@ -253,10 +264,7 @@ class GroupNormCNN(nn.Module):
         self.relu = nn.ReLU()
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(8, N_CLASSES)
-        with torch.no_grad():
-            for gn in (self.gn1, self.gn2):
-                gn.weight.uniform_(0.5, 1.5)
-                gn.bias.uniform_(-0.5, 0.5)
+        randomise_affine(self.gn1, self.gn2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.relu(self.gn1(self.conv1(x)))
@@ -370,6 +378,83 @@ class TinyGPT2(nn.Module):
         return self.gpt(input_ids=ids).logits.transpose(1, 2)
 
 
+# issue 28: the families the zoo lacked
+
+
+def _conv_relu(cin: int, cout: int) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.ReLU())
+
+
+class TinyUNet(nn.Module):
+    """A two-level UNet on ``[N, 3, 8, 8]`` images: conv blocks down through two MaxPools
+    (8x8, 4x4, 2x2), back up by a stride-2 ConvTranspose (to 4x4) and a bilinear Resize
+    (``nn.Upsample``, to 8x8), each followed by the concatenation of the encoder's features of
+    that size (the skips) and a conv block, then a 1x1 conv to the class logits of every pixel.
+
+    The training build cannot train the layers before the ConvTranspose or the Resize:
+    onnxruntime-training 1.19.2 has no CPU kernel for ConvTransposeGrad nor ResizeGrad.
+    """
+
+    def __init__(self, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.enc1 = _conv_relu(3, 4)
+        self.enc2 = _conv_relu(4, 8)
+        self.pool = nn.MaxPool2d(2)
+        self.bottom = _conv_relu(8, 8)
+        self.up2 = nn.ConvTranspose2d(8, 8, 2, stride=2)
+        self.dec2 = _conv_relu(16, 4)
+        self.up1 = nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False)
+        self.dec1 = _conv_relu(8, 4)
+        self.classifier = nn.Conv2d(4, N_CLASSES, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s1 = self.enc1(x)
+        s2 = self.enc2(self.pool(s1))
+        x = self.bottom(self.pool(s2))
+        x = self.dec2(torch.cat([self.up2(x), s2], dim=1))
+        x = self.dec1(torch.cat([self.up1(x), s1], dim=1))
+        return self.classifier(x)
+
+
+class NormSiLUCNN(nn.Module):
+    """A BatchNorm-free CNN: conv-GroupNorm-SiLU, conv-InstanceNorm(affine)-SiLU, mobilenet's
+    squeeze-excitation (:class:`SqueezeExcitation`), pool, Linear to the class logits. The norm
+    layers' weights get values of their own, as :class:`GroupNormCNN`'s."""
+
+    def __init__(self, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.gn = nn.GroupNorm(2, 8)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.inorm = nn.InstanceNorm2d(8, affine=True)
+        self.act = nn.SiLU()
+        self.se = SqueezeExcitation(8, 4)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(8, N_CLASSES)
+        randomise_affine(self.gn, self.inorm)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.act(self.gn(self.conv1(x)))
+        x = self.se(self.act(self.inorm(self.conv2(x))))
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+RECOMMENDER_USERS = 10
+
+
+class Recommender(nn.Module):
+    """A two-input rating model: float features ``X [N, F]`` and int64 user ids ``ids [N]``
+    through an ``nn.Embedding``, concatenated, an MLP (Linear-ReLU-Linear) to one rating."""
+
+    def __init__(self, dropout: float = 0.0, n_features: int = 4, width: int = 4) -> None:
+        super().__init__()
+        self.users = nn.Embedding(RECOMMENDER_USERS, width)
+        self.mlp = nn.Sequential(nn.Linear(n_features + width, 8), nn.ReLU(), nn.Linear(8, 1))
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return self.mlp(torch.cat([x, self.users(ids)], dim=1))
+
+
 # --------------------------------------------------------------------------------------------
 # the zoo
 
@@ -406,6 +491,10 @@ class ZooCase:
         Dropout probability of the exported network. Above 0 (the dynamo exporter writes no
         Dropout node for p=0), the comparisons set it to 0 again in torch and in the graph
         (:func:`zero_dropout`): the Dropout nodes stay, in training mode, as the identity.
+    training_build_refuses : tuple of str
+        The operators on the path of every weight's gradient whose gradient onnxruntime-training
+        1.19.2 cannot run on CPU (ConvTranspose, Resize): that backend refuses to train all the
+        weights, naming one of them; the ``onnx`` backend trains them.
     """
 
     name: str
@@ -418,6 +507,7 @@ class ZooCase:
     label_shape: tuple[int, ...] = ()
     exporters: tuple[str, ...] = ("torchscript", "dynamo")
     export_dropout: float = 0.0
+    training_build_refuses: tuple[str, ...] = ()
 
 
 def _images(n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -492,8 +582,36 @@ ZOO_ROUND2: dict[str, ZooCase] = {
     )
 }
 
+
+def _ratings(n: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return {
+        "X": rng.standard_normal((n, 4)).astype(np.float32),
+        "ids": rng.integers(0, RECOMMENDER_USERS, size=n).astype(np.int64),
+    }
+
+
+#: issue 28: the families the zoo lacked (GPT-2 and the dilated depthwise TCN are in
+#: :data:`ZOO_ROUND2`). The training build refuses to train the UNet's every weight (see
+#: :attr:`ZooCase.training_build_refuses`); its head trains there.
+ZOO_ROUND3: dict[str, ZooCase] = {
+    case.name: case
+    for case in (
+        ZooCase(
+            "unet",
+            TinyUNet,
+            _images,
+            "per_position",
+            "classifier",
+            label_shape=(8, 8),
+            training_build_refuses=("ConvTranspose", "Resize"),
+        ),
+        ZooCase("norm_silu_cnn", NormSiLUCNN, _images, "classification", "fc"),
+        ZooCase("recommender", Recommender, _ratings, "regression", "mlp.2"),
+    )
+}
+
 #: every architecture by name (the benchmarks run :data:`ZOO`)
-ALL_CASES: dict[str, ZooCase] = {**ZOO, **ZOO_ROUND2}
+ALL_CASES: dict[str, ZooCase] = {**ZOO, **ZOO_ROUND2, **ZOO_ROUND3}
 
 EXPORTERS = ("torchscript", "dynamo")
 
