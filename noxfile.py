@@ -60,8 +60,9 @@ _TORCH_SUITES = ("torch", "zoo")
 #: the interpreter of the sessions on stock onnxruntime: onnxruntime-training has no wheel for it,
 #: so the `[cpu]` extra installs stock onnxruntime there (the `onnx` backend); no torch either
 STOCK_PYTHON = "3.13"
-#: the suites that also run on the `onnx` backend (issue 27: core and scikit-learn on both runtimes)
-ONNX_SUITES = ("core", "sklearn")
+#: the suites that also run on the `onnx` backend (issue 27: core and scikit-learn on both runtimes;
+#: issue 28: the zoo, on 3.11 only, where torch is)
+ONNX_SUITES = ("core", "sklearn", "zoo")
 #: the variable that makes every trainer, estimator and OnnxModule use a backend (_backends.py)
 BACKEND_VARIABLE = "ORT_TRAIN_BACKEND"
 # CI time (2 cores, 45 minutes, issue 27 item 8). Before issue 27, lint, typecheck and the
@@ -95,8 +96,7 @@ def tests(session: nox.Session, package: str, device: str) -> None:
             session.skip("onnxruntime-training (CUDA) has wheels for Python <= 3.11 only")
         if package == "zoo":
             session.skip("the zoo has no cuda-marked tests: it compares CPU training with torch's")
-    if package in _TORCH_SUITES and session.python != "3.11":
-        session.skip("torch==2.13.0 (CPU build) is provided for Python 3.11 only on this machine class")
+    _skip_without_torch(session, package)
     args = _install_suite(session, package, device)
     marker = ["-m", "cuda"] if device == "cuda" else []
     if device == "cpu" and session.python != PRIMARY_PYTHON and not session.posargs:
@@ -104,6 +104,11 @@ def tests(session: nox.Session, package: str, device: str) -> None:
         # enough, and CI's 45 minutes cannot pay them three times
         marker = ["-m", "not sklearn_checks"]
     session.run("python", "-m", "pytest", *marker, *args, env={"ORT_TRAIN_TEST_DEVICE": device})
+
+
+def _skip_without_torch(session: nox.Session, package: str) -> None:
+    if package in _TORCH_SUITES and session.python != "3.11":
+        session.skip("torch==2.13.0 (CPU build) is provided for Python 3.11 only on this machine class")
 
 
 def _install_suite(session: nox.Session, package: str, device: str) -> list[str]:
@@ -126,11 +131,14 @@ def _install_suite(session: nox.Session, package: str, device: str) -> list[str]
 @nox.session(python=[PRIMARY_PYTHON, STOCK_PYTHON])
 @nox.parametrize("package", list(ONNX_SUITES))
 def tests_onnx(session: nox.Session, package: str) -> None:
-    """Core or scikit-learn tests on the `onnx` backend: 3.11 on the training build, 3.13 on stock.
+    """Core, scikit-learn or zoo tests on the `onnx` backend: 3.11 on the training build, 3.13 on stock.
+
+    The zoo needs torch: 3.11 only.
 
     On 3.11 every trainer, estimator and OnnxModule uses our backend over the training build's
     onnxruntime (`ORT_TRAIN_BACKEND=onnx`); on 3.13 the `[cpu]` extra installs stock onnxruntime,
     where ours is the default (tests needing torch skip: no torch for 3.13 here)."""
+    _skip_without_torch(session, package)
     if session.python == PRIMARY_PYTHON:
         session.env[BACKEND_VARIABLE] = "onnx"
     args = _install_suite(session, package, "cpu")
