@@ -1,4 +1,4 @@
-"""Issues 17 and 26: the zoo architectures, exported by both torch exporters (GPT-2: TorchScript
+"""Issues 17, 26 and 28: the zoo architectures, exported by both torch exporters (GPT-2: TorchScript
 only), trained by every route and compared with the same plain-SGD steps in torch. Per-position
 labels (segmentation, GPT-2's next tokens) skip the scikit-learn route, whose classifiers take one
 label per row.
@@ -21,6 +21,11 @@ graph with p>0 and checks only that its loss goes down.
 
 Pairs that fail today are marked ``xfail(strict=True)`` with the item of issue 17 that fixes them;
 issue 26's cases that wait for a fix are left out, listed in :data:`PENDING` with the reason.
+
+Both gradient backends (issue 28): the suite runs on the default one (``$ORT_TRAIN_BACKEND``,
+``backend_support.BACKEND``). The training build has no CPU kernel for the gradients of
+ConvTranspose and Resize: there, training every weight of the UNet is checked to refuse
+(:func:`test_training_build_refuses`) and its head to train; the ``onnx`` backend trains it all.
 """
 
 from __future__ import annotations
@@ -474,3 +479,30 @@ def test_gpt2_torchscript_keeps_the_tie() -> None:
     assert shared == {"gpt.transformer.wte.weight": ["gpt.transformer.wte.weight", "gpt.lm_head.weight"]}
     readers = [n.op_type for n in model.graph.node if "gpt.transformer.wte.weight" in n.input]
     assert sorted(readers) == ["Gather", "Transpose"], readers
+
+
+#: issue 28: the operators each new family is in the zoo for, in the graphs of both exporters
+FAMILY_OPERATORS = {
+    "unet": {"MaxPool", "ConvTranspose", "Resize", "Concat", "Conv"},
+    # GroupNorm: InstanceNormalization over the groups; SiLU: Sigmoid and Mul; SE: HardSigmoid
+    "norm_silu_cnn": {"InstanceNormalization", "Sigmoid", "HardSigmoid", "Conv", "Gemm"},
+    "recommender": {"Gather", "Concat", "Gemm"},
+}
+
+
+@pytest.mark.parametrize("exporter", zm.EXPORTERS)
+@pytest.mark.parametrize("name", list(FAMILY_OPERATORS))
+def test_family_holds_its_operators(name: str, exporter: str) -> None:
+    """Each issue-28 family's export holds the operators it stands for; the recommender's graph
+    takes two inputs, float features and int64 ids; the CNN normalises with GroupNorm and with
+    InstanceNorm (two InstanceNormalization nodes, one with the torch InstanceNorm's own scale)."""
+    _, model = exported(name, exporter)
+    ops = {node.op_type for node in model.graph.node}
+    assert FAMILY_OPERATORS[name] <= ops, sorted(ops)
+    if name == "recommender":
+        types = [(i.name, i.type.tensor_type.elem_type) for i in model.graph.input]
+        assert types == [("X", onnx.TensorProto.FLOAT), ("ids", onnx.TensorProto.INT64)]
+    if name == "norm_silu_cnn":
+        scales = [n.input[1] for n in model.graph.node if n.op_type == "InstanceNormalization"]
+        assert len(scales) == 2
+        assert "inorm.weight" in scales, scales
