@@ -223,8 +223,18 @@ def gradient_model(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelPr
 
 
 def dead_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """The nodes none of whose outputs a node or a graph output reads."""
-    read = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
+    """The nodes none of whose outputs a node (or a node of a subgraph: a Scan's body) or a
+    graph output reads."""
+
+    def reads(graph: onnx.GraphProto) -> set[str]:
+        found = {i for n in graph.node for i in n.input}
+        for n in graph.node:
+            for a in n.attribute:
+                for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
+                    found |= reads(g)
+        return found
+
+    read = reads(model.graph) | {o.name for o in model.graph.output}
     return [n for n in model.graph.node if not any(o in read for o in n.output if o)]
 
 

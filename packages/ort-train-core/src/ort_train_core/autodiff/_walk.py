@@ -191,6 +191,17 @@ def live_nodes(nodes: Sequence[onnx.NodeProto], outputs: Sequence[str]) -> list[
     for node in reversed(nodes):
         if any(o in wanted for o in node.output):
             kept.append(node)
-            wanted.update(i for i in node.input if i)
+            wanted.update(_reads(node))
     kept.reverse()
     return kept
+
+
+def _reads(node: onnx.NodeProto) -> set[str]:
+    """The names ``node`` reads: its inputs, and those its subgraphs (a Scan's body) read from
+    the outer scope (a superset: names the body defines itself match no outer node)."""
+    names = {i for i in node.input if i}
+    for a in node.attribute:
+        for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs):
+            for inner in g.node:
+                names |= _reads(inner)
+    return names

@@ -39,6 +39,7 @@ from ..graph import (
 from ..learning_rate import BaseLearningRate
 from ._context import StaticInfo
 from ._walk import active_values, checked_path, live_nodes, reverse_pass, static_info
+from .rules.recurrent import time_major
 
 #: the lowest opset the rules write (ScatterND and ScatterElements with reduction='add': 16)
 MIN_GRADIENT_OPSET = 17
@@ -164,7 +165,8 @@ def _opset(model: ModelProto) -> int:
 
 
 def with_gradient_opset(model: ModelProto) -> ModelProto:
-    """A copy of ``model`` at opset 17 or more (onnx's version converter below it), IR <= 10."""
+    """A copy of ``model`` at opset 17 or more (onnx's version converter below it), IR <= 10,
+    its batch-first recurrences time first (:func:`.rules.recurrent.time_major`)."""
     if _opset(model) < MIN_GRADIENT_OPSET:
         from onnx import version_converter
 
@@ -174,6 +176,7 @@ def with_gradient_opset(model: ModelProto) -> ModelProto:
         out = ModelProto()
         out.CopyFrom(model)
     out.ir_version = min(out.ir_version, MAX_IR_VERSION)
+    time_major(out)
     return out
 
 

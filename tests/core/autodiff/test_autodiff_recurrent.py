@@ -1,0 +1,200 @@
+"""The ``onnx`` backend's gradient rules of LSTM, GRU and RNN (rules/recurrent.py) on one-node
+graphs in every supported form (direction, layout, initial states, bias, GRU's
+linear_before_reset, the outputs the loss reads), against torch autograd through torch's own
+nn.LSTM / nn.GRU / nn.RNN in float64 (the ONNX weights mapped into torch's gate order) and
+float64 finite differences of onnx's reference evaluator; the unrolled and the Scan form;
+the refusals; and a torch-exported LSTM regressor trained by the full loop against torch SGD.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from autodiff_oracle import (
+    Graph,
+    build,
+    check_against_finite_differences,
+    check_against_torch,
+    gradient_model,
+    rng_for,
+    values,
+)
+from onnx import helper
+
+from ort_train_core.autodiff.rules import recurrent
+
+torch = pytest.importorskip("torch")
+
+GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+#: ONNX gate blocks in torch's order: LSTM i o f c -> i f g o; GRU z r h -> r z n
+TORCH_ORDER = {"LSTM": [0, 2, 3, 1], "GRU": [1, 0, 2], "RNN": [0]}
+
+
+def _to_torch_gates(t: Any, w: Any, op: str) -> Any:
+    """ONNX's gate blocks (first axis) reordered as torch's."""
+    blocks = t.chunk(w, GATES[op], 0)
+    return t.cat([blocks[k] for k in TORCH_ORDER[op]], 0)
+
+
+def _module(t: Any, op: str, features: int, hidden: int, count: int, layout: int) -> Any:
+    cls = {"LSTM": t.nn.LSTM, "GRU": t.nn.GRU, "RNN": t.nn.RNN}[op]
+    return cls(features, hidden, bidirectional=count == 2, batch_first=bool(layout)).double()
+
+
+def torch_recurrence(t: Any, v: dict[str, Any], op: str, form: dict[str, Any]) -> list[Any]:
+    """[Y, Y_h(, Y_c)] of the ONNX node by torch's module, the ONNX weights (in ``v``) mapped."""
+    layout, direction = form["layout"], form["direction"]
+    count = 2 if direction == "bidirectional" else 1
+    (_, gh, features), hidden = v["W"].shape, v["R"].shape[-1]
+    module = _module(t, op, features, hidden, count, layout)
+    params: dict[str, Any] = {}
+    for d in range(count):
+        suffix = "_l0_reverse" if d == 1 else "_l0"
+        params[f"weight_ih{suffix}"] = _to_torch_gates(t, v["W"][d], op)
+        params[f"weight_hh{suffix}"] = _to_torch_gates(t, v["R"][d], op)
+        bias = v["B"][d] if "B" in v else t.zeros(2 * gh, dtype=t.float64)
+        params[f"bias_ih{suffix}"] = _to_torch_gates(t, bias[:gh], op)
+        params[f"bias_hh{suffix}"] = _to_torch_gates(t, bias[gh:], op)
+    x = v["X"]
+    time_axis = 1 if layout else 0
+    if direction == "reverse":
+        x = t.flip(x, [time_axis])
+    states = [v[k].transpose(0, 1) if layout else v[k] for k in ("initial_h", "initial_c") if k in v]
+    zeros = t.zeros(count, x.shape[1 - time_axis], hidden, dtype=t.float64)
+    if op == "LSTM":
+        init: Any = (states[0] if states else zeros, states[1] if len(states) > 1 else zeros)
+    else:
+        init = states[0] if states else zeros
+    out, final = t.func.functional_call(module, params, (x, init))
+    if direction == "reverse":
+        out = t.flip(out, [time_axis])
+    finals = list(final) if op == "LSTM" else [final]
+    if layout:  # [N, T, D H] -> [N, T, D, H]; states [D, N, H] -> [N, D, H]
+        return [out.reshape(*out.shape[:2], count, hidden), *(f.transpose(0, 1) for f in finals)]
+    y = out.reshape(out.shape[0], out.shape[1], count, hidden).permute(0, 2, 1, 3)
+    return [y, *finals]
+
+
+def torch_gru_after_reset(t: Any, v: dict[str, Any], form: dict[str, Any]) -> list[Any]:
+    """ONNX's GRU with linear_before_reset=0 (torch's GRU resets after the product: it has no
+    such module), written with torch operators, layout 0 or 1."""
+    layout, direction = form["layout"], form["direction"]
+    x = v["X"].transpose(0, 1) if layout else v["X"]
+    count, hidden = v["W"].shape[0], v["R"].shape[-1]
+    h0 = v["initial_h"].transpose(0, 1) if "initial_h" in v and layout else v.get("initial_h")
+    ys, finals = [], []
+    for d in range(count):
+        (wz, wr, wh), (rz, rr, rh) = v["W"][d].chunk(3), v["R"][d].chunk(3)
+        bias = v["B"][d] if "B" in v else t.zeros(6 * hidden, dtype=t.float64)
+        (bz, br, bh), (cz, cr, ch) = bias[: 3 * hidden].chunk(3), bias[3 * hidden :].chunk(3)
+        h = h0[d] if h0 is not None else t.zeros(x.shape[1], hidden, dtype=t.float64)
+        steps: list[Any] = [None] * x.shape[0]
+        backwards = direction == "reverse" or d == 1
+        for s in reversed(range(x.shape[0])) if backwards else range(x.shape[0]):
+            z = t.sigmoid(x[s] @ wz.T + h @ rz.T + bz + cz)
+            r = t.sigmoid(x[s] @ wr.T + h @ rr.T + br + cr)
+            n = t.tanh(x[s] @ wh.T + bh + (r * h) @ rh.T + ch)
+            h = (1 - z) * n + z * h
+            steps[s] = h
+        ys.append(t.stack(steps))
+        finals.append(h)
+    y, y_h = t.stack(ys, 1), t.stack(finals)  # [T, D, N, H], [D, N, H]
+    return [y.permute(2, 0, 1, 3), y_h.transpose(0, 1)] if layout else [y, y_h]
+
+
+def recurrent_graph(
+    op: str,
+    direction: str = "forward",
+    layout: int = 0,
+    states: bool = True,
+    bias: bool = True,
+    lbr: int = 1,
+    outputs: tuple[str, ...] = ("Y", "Y_h", "Y_c"),
+    dims: tuple[int, int, int, int] = (4, 3, 2, 3),
+) -> Graph:
+    """One ``op`` node; dims (time, batch, features, hidden); the loss reads ``outputs``."""
+    time, n, features, hidden = dims
+    count, gates = (2 if direction == "bidirectional" else 1), GATES[op]
+    name = f"{op}_{direction}_layout{layout}_states{int(states)}_bias{int(bias)}_lbr{lbr}_{'_'.join(outputs)}"
+    rng = rng_for(name)
+    inputs = {
+        "X": values(rng, [n, time, features] if layout else [time, n, features]),
+        "W": values(rng, [count, gates * hidden, features], -0.8, 0.8),
+        "R": values(rng, [count, gates * hidden, hidden], -0.8, 0.8),
+    }
+    if bias:
+        inputs["B"] = values(rng, [count, 2 * gates * hidden], -0.8, 0.8)
+    state_names = ["initial_h", "initial_c"][: 2 if op == "LSTM" else 1] if states else []
+    for s in state_names:
+        inputs[s] = values(rng, [n, count, hidden] if layout else [count, n, hidden])
+    node_inputs = ["X", "W", "R", "B" if bias else "", "", *state_names]
+    while node_inputs[-1] == "":
+        node_inputs.pop()
+    all_outputs = ["Y", "Y_h", "Y_c"][: 3 if op == "LSTM" else 2]
+    node_outputs = [o if o in outputs else "" for o in all_outputs]
+    while node_outputs[-1] == "":
+        node_outputs.pop()
+    attrs: dict[str, Any] = {"hidden_size": hidden, "direction": direction, "layout": layout}
+    if op == "GRU":
+        attrs["linear_before_reset"] = lbr
+    node = helper.make_node(op, node_inputs, node_outputs, name=f"{op.lower()}_node", **attrs)
+    form = {"layout": layout, "direction": direction}
+    wanted = [o for o in all_outputs if o in outputs]
+
+    def fn(t: Any, v: dict[str, Any]) -> list[Any]:
+        if op == "GRU" and not lbr:
+            got = torch_gru_after_reset(t, v, form)
+        else:
+            got = torch_recurrence(t, v, op, form)
+        return [got[all_outputs.index(o)] for o in wanted]
+
+    return Graph(name, [node], inputs, fn, outputs=wanted, opset=17)
+
+
+FORMS = [
+    recurrent_graph(op, direction, layout)
+    for op in ("LSTM", "GRU", "RNN")
+    for direction in ("forward", "reverse", "bidirectional")
+    for layout in (0, 1)
+]
+FORMS += [
+    recurrent_graph("GRU", direction, layout, lbr=0)
+    for direction in ("forward", "bidirectional")
+    for layout in (0, 1)
+]
+FORMS += [recurrent_graph(op, "bidirectional", states=False, bias=False) for op in ("LSTM", "GRU", "RNN")]
+FORMS += [recurrent_graph("GRU", "reverse", states=False, bias=False, lbr=0)]
+# the loss reads only the final states: the rule adds Y to the node and reads it
+FORMS += [recurrent_graph(op, "bidirectional", outputs=("Y_h",)) for op in ("LSTM", "GRU", "RNN")]
+FORMS += [recurrent_graph("LSTM", "forward", layout=1, outputs=("Y_c",))]
+FORMS += [recurrent_graph("LSTM", "reverse", outputs=("Y", "Y_c"), dims=(1, 2, 3, 2))]
+
+
+@pytest.mark.parametrize("g", FORMS, ids=lambda g: g.name)
+def test_recurrent_against_torch(g: Graph) -> None:
+    check_against_torch(g)
+
+
+@pytest.mark.parametrize("g", FORMS, ids=lambda g: g.name)
+def test_recurrent_against_finite_differences(g: Graph) -> None:
+    check_against_finite_differences(g)
+
+
+SCAN_FORMS = [recurrent_graph(op, "bidirectional") for op in ("LSTM", "GRU", "RNN")]
+SCAN_FORMS += [recurrent_graph("GRU", "reverse", lbr=0), recurrent_graph("LSTM", "forward", outputs=("Y_h",))]
+
+
+@pytest.fixture
+def scan_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every static length above the unrolling threshold: the steps run in a Scan."""
+    monkeypatch.setattr(recurrent, "UNROLL_MAX_STEPS", 0)
+
+
+@pytest.mark.parametrize("g", SCAN_FORMS, ids=lambda g: g.name)
+def test_scan_form_against_torch_and_finite_differences(g: Graph, scan_only: None) -> None:
+    model, _ = build(g)
+    grad = gradient_model(model, g.names)
+    assert "Scan" in {n.op_type for n in grad.graph.node}
+    check_against_torch(g)
+    check_against_finite_differences(g)
