@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 from autodiff_oracle import (
     Graph,
@@ -22,7 +23,9 @@ from autodiff_oracle import (
 )
 from onnx import helper
 
+from ort_train_core._backends import get_backend
 from ort_train_core.autodiff.rules import recurrent
+from ort_train_core.exceptions import GraphNotDifferentiableError
 
 torch = pytest.importorskip("torch")
 
@@ -112,11 +115,14 @@ def recurrent_graph(
     lbr: int = 1,
     outputs: tuple[str, ...] = ("Y", "Y_h", "Y_c"),
     dims: tuple[int, int, int, int] = (4, 3, 2, 3),
+    lens: int | None = None,
 ) -> Graph:
-    """One ``op`` node; dims (time, batch, features, hidden); the loss reads ``outputs``."""
+    """One ``op`` node; dims (time, batch, features, hidden); the loss reads ``outputs``;
+    ``lens``: every sequence_lens (layout 0)."""
     time, n, features, hidden = dims
     count, gates = (2 if direction == "bidirectional" else 1), GATES[op]
     name = f"{op}_{direction}_layout{layout}_states{int(states)}_bias{int(bias)}_lbr{lbr}_{'_'.join(outputs)}"
+    name += "" if lens is None else f"_lens{lens}"
     rng = rng_for(name)
     inputs = {
         "X": values(rng, [n, time, features] if layout else [time, n, features]),
@@ -128,7 +134,7 @@ def recurrent_graph(
     state_names = ["initial_h", "initial_c"][: 2 if op == "LSTM" else 1] if states else []
     for s in state_names:
         inputs[s] = values(rng, [n, count, hidden] if layout else [count, n, hidden])
-    node_inputs = ["X", "W", "R", "B" if bias else "", "", *state_names]
+    node_inputs = ["X", "W", "R", "B" if bias else "", "" if lens is None else "lens", *state_names]
     while node_inputs[-1] == "":
         node_inputs.pop()
     all_outputs = ["Y", "Y_h", "Y_c"][: 3 if op == "LSTM" else 2]
@@ -143,13 +149,17 @@ def recurrent_graph(
     wanted = [o for o in all_outputs if o in outputs]
 
     def fn(t: Any, v: dict[str, Any]) -> list[Any]:
+        run = v if lens is None else {**v, "X": v["X"][:lens]}  # the steps the node runs
         if op == "GRU" and not lbr:
-            got = torch_gru_after_reset(t, v, form)
+            got = torch_gru_after_reset(t, run, form)
         else:
-            got = torch_recurrence(t, v, op, form)
+            got = torch_recurrence(t, run, op, form)
+        if lens is not None:  # Y is zero after the sequences' length
+            got[0] = t.cat([got[0], t.zeros(time - lens, *got[0].shape[1:], dtype=t.float64)])
         return [got[all_outputs.index(o)] for o in wanted]
 
-    return Graph(name, [node], inputs, fn, outputs=wanted, opset=17)
+    consts = {} if lens is None else {"lens": np.full(n, lens, np.int32)}
+    return Graph(name, [node], inputs, fn, consts, outputs=wanted, opset=17)
 
 
 FORMS = [
@@ -169,6 +179,8 @@ FORMS += [recurrent_graph("GRU", "reverse", states=False, bias=False, lbr=0)]
 FORMS += [recurrent_graph(op, "bidirectional", outputs=("Y_h",)) for op in ("LSTM", "GRU", "RNN")]
 FORMS += [recurrent_graph("LSTM", "forward", layout=1, outputs=("Y_c",))]
 FORMS += [recurrent_graph("LSTM", "reverse", outputs=("Y", "Y_c"), dims=(1, 2, 3, 2))]
+# sequence_lens all the full length: the node runs every step
+FORMS += [recurrent_graph("GRU", "bidirectional", lens=4)]
 
 
 @pytest.mark.parametrize("g", FORMS, ids=lambda g: g.name)
@@ -198,3 +210,56 @@ def test_scan_form_against_torch_and_finite_differences(g: Graph, scan_only: Non
     assert "Scan" in {n.op_type for n in grad.graph.node}
     check_against_torch(g)
     check_against_finite_differences(g)
+
+
+#: sequence_lens all shorter than the sequence: the node runs the first steps (onnx's reference
+#: evaluator ignores sequence_lens: against torch only)
+SHORTER = [
+    recurrent_graph("LSTM", "bidirectional", lens=3),
+    recurrent_graph("GRU", "reverse", lens=2),
+    recurrent_graph("RNN", "forward", outputs=("Y_h",), lens=1),
+]
+
+
+@pytest.mark.parametrize("g", SHORTER, ids=lambda g: g.name)
+def test_uniform_shorter_sequence_lens_against_torch(g: Graph) -> None:
+    check_against_torch(g)
+
+
+def _refused_graph(op: str, change: str) -> Graph:
+    g = recurrent_graph(op, "forward", dims=(3, 2, 2, 2))
+    node = g.nodes[0]
+    if change == "activations":
+        node.attribute.append(helper.make_attribute("activations", ["Relu"] * (3 if op == "LSTM" else 2)))
+    elif change == "clip":
+        node.attribute.append(helper.make_attribute("clip", 3.0))
+    elif change == "input_forget":
+        node.attribute.append(helper.make_attribute("input_forget", 1))
+    elif change == "peepholes":
+        node.input[4:] = ["", "initial_h", "initial_c", "P"]
+        g.inputs["P"] = values(rng_for("P"), [1, 6])
+    else:  # sequence_lens of two lengths
+        node.input[4] = "lens"
+        g.consts["lens"] = np.array([3, 2], np.int32)
+    return g
+
+
+REFUSALS = [
+    (
+        "LSTM",
+        "activations",
+        r"node 'lstm_node' has activations=\['Relu', 'Relu', 'Relu'\]: export it with the default",
+    ),
+    ("GRU", "clip", r"node 'gru_node' has clip=3.0: leave the clip attribute out"),
+    ("LSTM", "input_forget", r"node 'lstm_node' has input_forget=1: set input_forget to 0"),
+    ("LSTM", "peepholes", r"node 'lstm_node' has peepholes P='P': leave the peephole input P out"),
+    ("RNN", "lens", r"node 'rnn_node' has sequence_lens=\[3, 2\] \(sequence length 3\): pad the sequences"),
+]
+
+
+@pytest.mark.parametrize(("op", "change", "message"), REFUSALS, ids=[f"{o}-{c}" for o, c, _ in REFUSALS])
+def test_refusals_name_node_attribute_and_fix(op: str, change: str, message: str) -> None:
+    g = _refused_graph(op, change)
+    model, _ = build(g)
+    with pytest.raises(GraphNotDifferentiableError, match=message + ".*backend='onnxruntime-training'"):
+        get_backend("onnx").gradient_graph(model, "loss", g.names)

@@ -50,7 +50,7 @@ def _refuse(node: onnx.NodeProto, what: str, fix: str) -> GraphNotDifferentiable
     )
 
 
-def _check_supported(ctx: Context, node: onnx.NodeProto, time: int | str | None) -> None:
+def _check_supported(node: onnx.NodeProto) -> None:
     """Refuses what the rule does not differentiate, naming the node, attribute and fix."""
     directions = 2 if attr(node, "direction", b"forward") in (b"bidirectional", "bidirectional") else 1
     acts = [a.decode() if isinstance(a, bytes) else str(a) for a in attr(node, "activations", [])]
@@ -66,13 +66,40 @@ def _check_supported(ctx: Context, node: onnx.NodeProto, time: int | str | None)
         raise _refuse(node, "input_forget=1", "set input_forget to 0")
     if node.op_type == "LSTM" and len(node.input) > 7 and node.input[7]:
         raise _refuse(node, f"peepholes P={node.input[7]!r}", "leave the peephole input P out")
+
+
+def _steps(ctx: Context, node: onnx.NodeProto, time: int | str | None) -> int | str | None:
+    """The number of steps the node runs: its sequence length, or the one length all its
+    ``sequence_lens`` give (refused when they differ)."""
     lens = ctx.optional_value(node, 4)
-    if lens is not None and not (isinstance(time, int) and np.all(lens == time)):
+    if lens is None:
+        return time
+    if lens.size == 0 or np.any(lens != lens.flat[0]) or (isinstance(time, int) and lens.flat[0] > time):
         raise _refuse(
             node,
             f"sequence_lens={lens.tolist()} (sequence length {time})",
-            "pad the sequences to one static length and leave sequence_lens out",
+            "pad the sequences to one length and leave sequence_lens out",
         )
+    return int(lens.flat[0])
+
+
+def _first(ctx: Context, x: str, steps: int | str | None, time: int | str | None) -> str:
+    """The first ``steps`` steps of the sequence ``x`` (all of them when ``steps`` is ``time``)."""
+    if steps == time:
+        return x
+    return ctx.op("Slice", [x, ctx.ints([0]), ctx.ints([int(steps)]), ctx.ints([0])])  # type: ignore[arg-type]
+
+
+def _padded_back(ctx: Context, dx: str, x: str, steps: int | str | None, time: int | str | None) -> str:
+    """The gradient of the first ``steps`` steps of ``x``, zeros after them (``time`` steps)."""
+    if steps == time:
+        return dx
+    if isinstance(time, int):
+        after = ctx.ints([time - int(steps)])  # type: ignore[arg-type]
+    else:
+        after = ctx.op("Sub", [ctx.op("Shape", [x], start=0, end=1), ctx.ints([int(steps)])])  # type: ignore[arg-type]
+    pads = ctx.op("Concat", [ctx.ints([0, 0, 0]), after, ctx.ints([0, 0])], axis=0)
+    return ctx.op("Pad", [dx, pads])
 
 
 # ---- small node helpers ----------------------------------------------------------------------
@@ -420,9 +447,11 @@ def time_major(model: onnx.ModelProto) -> None:
 
 
 def _direction(
-    ctx: Context, node: onnx.NodeProto, dys: Grads, y: str, d: int, count: int, reverse: bool
+    ctx: Context, node: onnx.NodeProto, seqs: list[str], dys: Grads, d: int, count: int, reverse: bool
 ) -> _Direction:
-    """Direction ``d`` of ``count``, in its processing order (``y``: the node's Y)."""
+    """Direction ``d`` of ``count``, in its processing order (``seqs``: the steps the node runs
+    of X, Y and dY)."""
+    x, y, dy = seqs
     dtype = ctx.dtype(node.input[0])
     inputs = [*node.input, *[""] * (8 - len(node.input))]
     grads = [*dys, None, None]
@@ -440,10 +469,10 @@ def _direction(
     wb, rb = _split(ctx, bias, [gates, gates]) if bias is not None else (None, None)
     dh_last, dc_last = pick(grads[1]), pick(grads[2])
     return _Direction(
-        x=timed(node.input[0]),
+        x=timed(x),
         y=y_d,
         h_prev=_previous(ctx, h0, y_d),
-        dy=timed(pick(grads[0] or _zeros_like(ctx, y), 1) or ""),
+        dy=timed(pick(dy, 1) or ""),
         dh_last=dh_last if dh_last is not None else _zeros_state(ctx, y_d, dtype),
         w=pick(node.input[1]) or "",
         r=pick(node.input[2]) or "",
@@ -466,7 +495,8 @@ def _stack(ctx: Context, parts: list[str]) -> str:
 def _recurrent(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     """The gradients of X, W, R, B, initial_h (and initial_c), layout 0 (see :func:`time_major`)."""
     time, n, features = ctx.dims(node.input[0])
-    _check_supported(ctx, node, time)
+    _check_supported(node)
+    steps = _steps(ctx, node, time)
     direction = attr(node, "direction", b"forward")
     direction = direction.decode() if isinstance(direction, bytes) else str(direction)
     count = 2 if direction == "bidirectional" else 1
@@ -474,27 +504,29 @@ def _recurrent(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     gates = _GATES[node.op_type] * hidden
     dtype = ctx.dtype(node.input[0])
     y = ctx.output_of(node, 0, f"{node.name or node.op_type}_Y", dtype, (time, count, n, hidden))
+    dy = dys[0] if dys[0] is not None else _zeros_like(ctx, y)
+    seqs = [_first(ctx, v, steps, time) for v in (node.input[0], y, dy)]
     dw, dr, db, dx, dh0, dc0 = [], [], [], [], [], []
     for d in range(count):
         reverse = direction == "reverse" or d == 1
-        seqs = _direction(ctx, node, dys, y, d, count, reverse)
+        one = _direction(ctx, node, seqs, dys, d, count, reverse)
         if node.op_type == "LSTM":
-            g = _lstm(ctx, seqs, hidden, time, dtype)
+            g = _lstm(ctx, one, hidden, steps, dtype)
         elif node.op_type == "GRU":
-            g = _gru(ctx, seqs, hidden, time, dtype, bool(attr(node, "linear_before_reset", 0)))
+            g = _gru(ctx, one, hidden, steps, dtype, bool(attr(node, "linear_before_reset", 0)))
         else:
-            g = _rnn(ctx, seqs, hidden, time, dtype)
-        dw.append(_weight_grad(ctx, g.dgx, seqs.x, gates, int(features)))  # type: ignore[arg-type]
+            g = _rnn(ctx, one, hidden, steps, dtype)
+        dw.append(_weight_grad(ctx, g.dgx, one.x, gates, int(features)))  # type: ignore[arg-type]
         dr.append(g.dr)
         db.append(
             ctx.op("Concat", [ctx.reduce_sum(g.dgx, [0, 1], 0), ctx.reduce_sum(g.dgh, [0, 1], 0)], axis=0)
         )
-        x_grad = ctx.op("MatMul", [g.dgx, seqs.w])
+        x_grad = ctx.op("MatMul", [g.dgx, one.w])
         dx.append(_reversed(ctx, x_grad) if reverse else x_grad)
         dh0.append(g.dh0)
         dc0.append(g.dc0)
     grads: Grads = [
-        ctx.op("Sum", dx) if count > 1 else dx[0],
+        _padded_back(ctx, ctx.op("Sum", dx) if count > 1 else dx[0], node.input[0], steps, time),
         _stack(ctx, dw),
         _stack(ctx, [r for r in dr if r is not None]),
         _stack(ctx, db),
