@@ -263,3 +263,86 @@ def test_refusals_name_node_attribute_and_fix(op: str, change: str, message: str
     model, _ = build(g)
     with pytest.raises(GraphNotDifferentiableError, match=message + ".*backend='onnxruntime-training'"):
         get_backend("onnx").gradient_graph(model, "loss", g.names)
+
+
+# ---- a torch-exported recurrent regressor trained by the full loop -------------------------------
+class Regressor(torch.nn.Module):
+    """A recurrence (batch first) on [N, T, F], its last step's output, Linear to one value."""
+
+    def __init__(self, cell: str, layers: int, bidirectional: bool) -> None:
+        super().__init__()
+        cls = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn": torch.nn.RNN}[cell]
+        self.rnn = cls(3, 5, num_layers=layers, bidirectional=bidirectional, batch_first=True)
+        self.head = torch.nn.Linear(10 if bidirectional else 5, 1)
+
+    def forward(self, x: Any) -> Any:
+        out, _ = self.rnn(x)
+        return self.head(out[:, -1])
+
+
+def _export(net: Any, x: np.ndarray) -> Any:
+    import io
+    import warnings
+
+    import onnx
+
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exporter's deprecation and tracer warnings
+        torch.onnx.export(
+            net,
+            (torch.from_numpy(x),),
+            buffer,
+            dynamo=False,
+            training=torch.onnx.TrainingMode.TRAINING,
+            do_constant_folding=False,
+            opset_version=17,
+            input_names=["X"],
+            output_names=["Y"],
+            dynamic_axes={"X": {0: "N"}, "Y": {0: "N"}},
+        )
+    return onnx.load_from_string(buffer.getvalue())
+
+
+@pytest.mark.parametrize(
+    ("cell", "layers", "bidirectional"), [("lstm", 2, False), ("gru", 1, True), ("rnn", 1, False)]
+)
+def test_exported_regressor_trains_like_torch_sgd(cell: str, layers: int, bidirectional: bool) -> None:
+    """torch.onnx.export (TorchScript) of a batch-first recurrence + Linear, trained by the full
+    loop on backend='onnx': every step's loss equals torch SGD's (1e-4)."""
+    from ort_train_core import Callback, LearningRateSGD, OrtGradientOptimizer, add_loss_output
+
+    class Losses(Callback):
+        def __init__(self) -> None:
+            self.losses: list[float] = []
+
+        def on_batch_end(self, trainer: Any, epoch: int, batch: int, loss: float) -> None:
+            self.losses.append(float(loss))
+
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 6, 3)).astype(np.float32)
+    y = rng.standard_normal((16, 1)).astype(np.float32)
+    net = Regressor(cell, layers, bidirectional)
+    model = _export(net, x)
+    assert sum(n.op_type == cell.upper() for n in model.graph.node) == layers
+    record = Losses()
+    trainer = OrtGradientOptimizer(
+        add_loss_output(model, score_name="squared_error"),
+        max_iter=2,
+        batch_size=8,
+        learning_rate=LearningRateSGD(eta0=0.05, learning_rate="constant"),
+        shuffle=False,
+        callbacks=[record],
+        backend="onnx",
+    )
+    trainer.fit(x, y)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    expected = []
+    for batch in [slice(0, 8), slice(8, 16)] * 2:
+        opt.zero_grad()
+        loss = ((net(torch.from_numpy(x[batch])) - torch.from_numpy(y[batch])) ** 2).sum(1).mean()
+        loss.backward()
+        opt.step()
+        expected.append(float(loss.detach()))
+    np.testing.assert_allclose(record.losses, expected, rtol=1e-4, atol=1e-6)

@@ -217,6 +217,10 @@ class Context:
         return self.op("Reshape", [summed, self.op("Shape", [target])])
 
     def transpose(self, x: str, perm: Sequence[int]) -> str:
+        """``x`` transposed; ``x`` itself for the identity permutation (onnxruntime 1.19's
+        Gemm/Transpose fusion takes a Transpose after a Gemm for a swap, whatever its perm)."""
+        if [int(p) for p in perm] == list(range(len(perm))):
+            return x
         return self.op("Transpose", [x], perm=[int(p) for p in perm])
 
     def output_of(
