@@ -229,6 +229,8 @@ def test_onnxruntime_gpu_loads_its_own_libraries_not_cuda_11(tmp_path, monkeypat
     monkeypatch.setattr(_cuda, "uses_cuda11_libraries", lambda: False)
     preloaded: list[int] = []
     monkeypatch.setattr(onnxruntime, "preload_dlls", lambda: preloaded.append(1), raising=False)
+    # the check that the CUDA provider then loads: a session on the GPU gets it
+    monkeypatch.setattr(_cuda, "_session_providers", lambda index: ["CUDAExecutionProvider"])
     libs = Recorder()
 
     def loader(name: str) -> object:

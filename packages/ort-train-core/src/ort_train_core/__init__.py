@@ -10,6 +10,7 @@ from ._fit_loop import describe_non_finite, exclusive_fit
 from ._io import load_model
 from ._ort_errors import onnxruntime_errors
 from ._runtime import Device, check_device, parse_device  # importing it checks the runtime
+from ._tf32 import set_tf32, tf32_enabled
 from ._version import __version__
 from .callbacks import Callback, EarlyStopping, EpochPrinter, ProgressBar
 from .derivative import DerivativeOptions, onnx_derivative
@@ -109,4 +110,6 @@ __all__ = [
     "ortvalue_from_dlpack",
     "parse_device",
     "prediction_graph",
+    "set_tf32",
+    "tf32_enabled",
 ]

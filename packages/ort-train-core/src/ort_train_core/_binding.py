@@ -361,7 +361,8 @@ def make_session(
         When an operator has no kernel for the graph's element types.
     """
     data = model.SerializeToString()
-    key = (hashlib.sha256(data).digest(), str(device), threads, reuse_memory)
+    # the providers' options too: a session made with TF32 serves no fit that turned it off
+    key = (hashlib.sha256(data).digest(), str(device), repr(device.providers), threads, reuse_memory)
     return _SESSIONS.get_or_build(key, lambda: _new_session(model, data, device, threads, reuse_memory))
 
 

@@ -8,14 +8,19 @@ makes them the ones the provider's ``dlopen`` finds by soname when the first CUD
 A library found in no wheel is looked up by soname (``LD_LIBRARY_PATH``, the ld cache): a system
 install of CUDA 11.8 works too.
 
-Nothing here runs for ``device='cpu'``, and nothing needs a GPU to be tested: the search roots
-and the loader are parameters.
+Stock onnxruntime-gpu (the ``[gpu]`` extra, CUDA 13 and cuDNN 9 in its current wheels, for
+``backend='onnx'``) loads its libraries with its own ``onnxruntime.preload_dlls``
+(:func:`preload_stock_cuda`), which is then checked by a one-node session on the GPU.
+
+Nothing here runs for ``device='cpu'``, and nothing needs a GPU to be tested: the search roots,
+the loader and the session check are parameters.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import io
 import os
 import site
 import sys
@@ -190,7 +195,7 @@ def ensure_cuda(index: int, roots: Sequence[Path] | None = None, loader: Loader 
         if uses_cuda11_libraries():
             preload_cuda_libraries(roots, loader)
         else:
-            preload_stock_cuda()
+            preload_stock_cuda(index)
     _READY.add(index)
 
 
@@ -203,11 +208,70 @@ def uses_cuda11_libraries() -> bool:
     return is_training_build(ort_capi)
 
 
-def preload_stock_cuda() -> None:
-    """onnxruntime-gpu's own loader of the CUDA and cuDNN libraries of the ``nvidia-*`` wheels
-    (``onnxruntime.preload_dlls``, onnxruntime 1.21+); older builds find them themselves."""
+GPU_EXTRA_FIX = 'pip install "ort-train-core[gpu]"'
+
+
+def preload_stock_cuda(index: int = 0, probe: Callable[[int], list[str]] | None = None) -> None:
+    """Loads onnxruntime-gpu's CUDA and cuDNN libraries with its own loader
+    (``onnxruntime.preload_dlls``, onnxruntime 1.21+, from the ``nvidia-*`` wheels that
+    ``onnxruntime-gpu[cuda,cudnn]`` installs, else from the system), then checks that a session
+    on GPU ``index`` gets the CUDA provider.
+
+    ``preload_dlls`` prints what it cannot load instead of raising, and a session whose CUDA
+    provider cannot load its libraries falls back to the CPU provider with only a log line:
+    without this check a fit on ``'cuda'`` would run on the CPU.
+
+    Parameters
+    ----------
+    index : int, default=0
+        The GPU the check's session runs on.
+    probe : callable, optional
+        ``probe(index)`` -> the providers of a session made on that GPU (a one-node graph;
+        the parameter lets tests run without a GPU).
+
+    Raises
+    ------
+    CudaUnavailableError
+        Naming the providers the session got, what ``preload_dlls`` printed, and the fix.
+    """
     import onnxruntime
 
     preload = getattr(onnxruntime, "preload_dlls", None)
+    printed = io.StringIO()
     if preload is not None:
-        preload()
+        with contextlib.redirect_stdout(printed):
+            preload()
+    providers = (probe or _session_providers)(index)
+    if "CUDAExecutionProvider" in providers:
+        return
+    said = " ".join(printed.getvalue().split())
+    raise CudaUnavailableError(
+        f"onnxruntime-gpu's CUDA provider does not load on cuda:{index} (a session there got only "
+        f"{providers}): its CUDA 13 / cuDNN 9 libraries are missing or of another major version"
+        + (f" (onnxruntime.preload_dlls said: {said})" if said else "")
+        + f". Install them with: {GPU_EXTRA_FIX} (onnxruntime-gpu[cuda,cudnn] and NVIDIA's wheels), "
+        "or a system CUDA and cuDNN of the majors onnxruntime.get_build_info() names"
+    )
+
+
+def _session_providers(index: int) -> list[str]:
+    """The providers of a one-node session made on GPU ``index`` with the CUDA provider first."""
+    from onnx import TensorProto, helper
+
+    from ._runtime import ort_capi
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "cuda_check",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
+    # IR 7: every onnxruntime this runs on reads it (onnx's newest may be past the build's)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=7)
+    so = ort_capi.SessionOptions()
+    so.log_severity_level = 4  # the fallback's log line: our error says it
+    sess = ort_capi.InferenceSession(so, model.SerializeToString(), False, False)
+    sess.initialize_session(
+        ["CUDAExecutionProvider", "CPUExecutionProvider"], [{"device_id": str(index)}, {}], set()
+    )
+    return list(sess.get_providers())

@@ -258,14 +258,34 @@ class Device:
 
     @functools.cached_property
     def ort_device(self) -> Any:
-        kind = ort_capi.OrtDevice.cpu() if self.kind == "cpu" else ort_capi.OrtDevice.cuda()
-        return ort_capi.OrtDevice(kind, ort_capi.OrtDevice.default_memory(), self.index)
+        if self.kind == "cpu":
+            return ort_capi.OrtDevice(ort_capi.OrtDevice.cpu(), ort_capi.OrtDevice.default_memory(), 0)
+        return cuda_ort_device(self.index)
 
     @property
     def providers(self) -> list[Any]:
         if self.kind == "cpu":
             return ["CPUExecutionProvider"]
-        return [("CUDAExecutionProvider", {"device_id": str(self.index)}), "CPUExecutionProvider"]
+        from ._tf32 import cuda_provider_options
+
+        return [("CUDAExecutionProvider", cuda_provider_options(self.index)), "CPUExecutionProvider"]
+
+
+#: NVIDIA's PCI vendor id: stock onnxruntime's OrtDevice carries a vendor (1.31.1 and 1.32 read),
+#: its own ``OrtDevice.make('cuda', n)`` sets this one ("allocators are keyed by vendor-specific
+#: OrtDevice values"), and its CUDA data transfers refuse a GPU device of another vendor
+NVIDIA_VENDOR_ID = 0x10DE
+
+
+def cuda_ort_device(index: int, capi: Any = None) -> Any:
+    """The OrtDevice of GPU ``index``, as onnxruntime's own ``OrtDevice.make('cuda', index)``
+    builds it: with NVIDIA's vendor id where the build's OrtDevice has one (stock onnxruntime),
+    without it in the training build (1.19), whose OrtDevice takes none."""
+    capi = ort_capi if capi is None else capi
+    kind, memory = capi.OrtDevice.cuda(), capi.OrtDevice.default_memory()
+    if hasattr(capi.OrtDevice, "vendor_id"):
+        return capi.OrtDevice(kind, memory, NVIDIA_VENDOR_ID, index)
+    return capi.OrtDevice(kind, memory, index)
 
 
 def parse_device(device: str | Device) -> Device:
