@@ -44,7 +44,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         folder = item.path.parent.name
         package = _PACKAGES.get(folder, "ort-train-core")
         item.add_marker(
-            pytest.mark.skip(reason=f"{reason} (install {package}[cuda] on a machine with a GPU)")
+            pytest.mark.skip(
+                reason=f"{reason} (install {package}[gpu] (onnxruntime-gpu) or {package}[cuda] "
+                "(the training build's CUDA 11.8 route) on a machine with a GPU)"
+            )
         )
 
 
