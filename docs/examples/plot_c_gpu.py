@@ -7,8 +7,9 @@ Train on a GPU
 The same trainers take ``device='cuda'`` (or ``'cuda:N'``): the data goes to the GPU once when
 the fit starts (a shuffled epoch gathers its batches there), weights and optimizer states stay
 there between steps, and the losses come back to the host once per epoch. That needs
-``pip install "ort-train-core[cuda]"`` (the CUDA build of onnxruntime-training and the CUDA 11.8
-/ cuDNN 8 wheels) and a GPU; this script asks :func:`~ort_train_core.check_device` and falls
+``pip install "ort-train-core[gpu]"`` (onnxruntime-gpu and NVIDIA's CUDA 13 / cuDNN 9 wheels, the
+``onnx`` backend; or the older ``[cuda]``: onnxruntime-training's CUDA build and the CUDA 11.8 /
+cuDNN 8 wheels) and a GPU; this script asks :func:`~ort_train_core.check_device` and falls
 back to the CPU otherwise (which is what happens while the documentation builds on a machine
 without a GPU).
 """
@@ -33,7 +34,7 @@ from ort_train_core import (
 
 print("onnxruntime offers", onnxruntime.get_available_providers())
 try:
-    device = check_device("cuda")  # the CUDA build, the driver, a GPU, the CUDA 11.8 libraries
+    device = check_device("cuda")  # a CUDA build, the driver, a GPU, its CUDA libraries
     print("training on", device)
 except (ValueError, CudaUnavailableError) as exc:
     device = "cpu"

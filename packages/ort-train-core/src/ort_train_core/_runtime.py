@@ -337,8 +337,10 @@ def parse_device(device: str | Device) -> Device:
 def check_device(device: str) -> str:
     """Checks that ``device`` can train here and returns its canonical name (``'cuda:0'``).
 
-    For CUDA: the CUDA build, the NVIDIA driver, the GPU index, and the CUDA 11.8 / cuDNN 8
-    libraries, which it loads (what the first fit on that device would do). Raises
+    For CUDA: a CUDA build, the NVIDIA driver, the GPU index, and the CUDA and cuDNN libraries
+    (CUDA 13 / cuDNN 9 for onnxruntime-gpu, whose CUDA provider it checks a session gets;
+    CUDA 11.8 / cuDNN 8 for the training build), which it loads (what the first fit on that
+    device would do). Raises
     ``ValueError`` or :class:`~ort_train_core.CudaUnavailableError` with the fix, so a script
     can choose its device before it builds anything.
 
