@@ -50,8 +50,8 @@ _GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 def _refuse(node: onnx.NodeProto, what: str, fix: str) -> GraphNotDifferentiableError:
     return GraphNotDifferentiableError(
         f"the onnx backend differentiates {node.op_type} with the default activations, no clip, "
-        f"no input_forget, no peepholes and full-length sequences; node {node.name!r} has {what}: "
-        f"{fix}, or use backend='onnxruntime-training'"
+        f"no input_forget, no peepholes and sequences of one length; node {node.name!r} has {what}: "
+        f"{fix}, or leave the weights before the node out of weights_to_train"
     )
 
 
