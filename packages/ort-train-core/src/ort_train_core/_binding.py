@@ -112,8 +112,9 @@ def to_ortvalue(value: Any, device: Device, keep: list[Any]) -> Any:
 
 
 #: whether a bool tensor crosses DLPack into onnxruntime as uint8 flagged bool: the training
-#: build (1.19) refuses DLPack bool tensors and its ``OrtValue.from_dlpack`` takes the flag;
-#: stock onnxruntime (1.20 and later) reads DLPack bool tensors and takes no flag
+#: build (1.19) refuses DLPack bool tensors and its ``OrtValue.from_dlpack`` takes the flag, as
+#: onnxruntime-gpu 1.31.1's does; stock CPU onnxruntime 1.32 reads DLPack bool tensors and takes
+#: no flag. Read from the loaded build's signature, not its version
 DLPACK_BOOL_AS_UINT8: bool = "is_bool_tensor" in (ort_capi.OrtValue.from_dlpack.__doc__ or "")
 
 
