@@ -346,3 +346,42 @@ def test_exported_regressor_trains_like_torch_sgd(cell: str, layers: int, bidire
         opt.step()
         expected.append(float(loss.detach()))
     np.testing.assert_allclose(record.losses, expected, rtol=1e-4, atol=1e-6)
+
+
+def test_pair_saves_the_added_sequence_output() -> None:
+    """The forward/backward pair (backend='onnx') of an LSTM writing only Y_h: the forward
+    exports the Y the backward reads; gradients of X and the weights equal torch's."""
+    import onnx
+    from onnx import TensorProto, numpy_helper
+
+    import ort_train_core as otc
+
+    g = recurrent_graph("LSTM", "bidirectional", states=False, outputs=("Y_h",))
+    weights = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in g.inputs.items() if k != "X"]
+    x = g.inputs["X"].astype(np.float32)
+    graph = helper.make_graph(
+        g.nodes,
+        "lstm_y_h",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, list(x.shape))],
+        [helper.make_tensor_value_info("Y_h", TensorProto.FLOAT, [2, 3, 3])],
+        weights,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    pair = otc.OrtGradientForwardBackward(
+        onnx.shape_inference.infer_shapes(model),
+        weights_to_train=["W", "R", "B"],
+        input_names_requiring_grad=["X"],
+        backend="onnx",
+    )
+    (out,) = pair.forward([x])
+    seed = values(rng_for("seed"), out.numpy().shape).astype(np.float32)
+    grads = pair.backward([seed])
+    tensors = {k: torch.tensor(v, requires_grad=True) for k, v in g.inputs.items()}
+    assert g.torch_fn is not None
+    (y_h,) = g.torch_fn(torch, tensors)
+    np.testing.assert_allclose(out.numpy(), y_h.detach().numpy(), rtol=1e-5, atol=1e-6)
+    (y_h * torch.tensor(seed, dtype=torch.float64)).sum().backward()
+    for name, got in zip(["X", "W", "R", "B"], grads):
+        want = tensors[name].grad.numpy()
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=name)
