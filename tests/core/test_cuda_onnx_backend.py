@@ -16,7 +16,12 @@ from core_models import build_mlp
 from onnx import TensorProto, helper, numpy_helper
 
 import ort_train_core
-from ort_train_core import OrtGradientForwardBackward, OrtGradientOptimizer, add_loss_output
+from ort_train_core import (
+    OrtGradientForwardBackward,
+    OrtGradientForwardBackwardOptimizer,
+    OrtGradientOptimizer,
+    add_loss_output,
+)
 
 pytestmark = pytest.mark.cuda
 
@@ -105,6 +110,26 @@ def test_the_fused_step_on_cuda_matches_the_cpu_step(name: str, learning_rate: s
     expected = cpu.get_state()
     got = cuda.get_state()
     assert sorted(got) == sorted(expected)
+    for key, value in expected.items():
+        np.testing.assert_allclose(got[key], value, rtol=RTOL, atol=ATOL, err_msg=key)
+
+
+def _fit_partial(model: onnx.ModelProto, device: str) -> OrtGradientForwardBackwardOptimizer:
+    X, y = _data(model)
+    trainer = OrtGradientForwardBackwardOptimizer(
+        model, device=device, backend="onnx", max_iter=3, batch_size=16, learning_rate="SGD", random_state=0
+    )
+    return trainer.fit(X, y)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_the_partial_loop_on_cuda_matches_the_cpu_loop(name: str) -> None:
+    """The forward/backward pair, the loss's gradient and the update as separate sessions,
+    each bound on the GPU."""
+    model = MODELS[name]()
+    cpu, cuda = _fit_partial(model, "cpu"), _fit_partial(model, GPU)
+    np.testing.assert_allclose(cuda.train_losses_, cpu.train_losses_, rtol=RTOL)
+    expected, got = cpu.get_state(), cuda.get_state()
     for key, value in expected.items():
         np.testing.assert_allclose(got[key], value, rtol=RTOL, atol=ATOL, err_msg=key)
 
