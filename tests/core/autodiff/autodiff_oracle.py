@@ -58,6 +58,9 @@ class Graph:
     wrt: list[str] | None = None
     #: the differentiated values are initializers (trained weights), not graph inputs
     weights_as_initializers: bool = False
+    #: shapes of the float values onnx's shape inference leaves untyped (GroupNormalization's
+    #: output), declared in the graph
+    declared: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def names(self) -> list[str]:
@@ -174,7 +177,8 @@ def build(
         feeds = {}
     vis = [helper.make_tensor_value_info(k, float_type, list(v.shape)) for k, v in feeds.items()]
     outs = [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in g.outputs]
-    bare = _model(helper.make_graph(g.nodes, g.name, vis, outs, consts), g.opset)
+    declared = [helper.make_tensor_value_info(k, float_type, list(v)) for k, v in g.declared.items()]
+    bare = _model(helper.make_graph(g.nodes, g.name, vis, outs, consts, value_info=declared), g.opset)
     inferred = onnx.shape_inference.infer_shapes(bare, strict_mode=True).graph
     found = {o.name: o.type.tensor_type for o in [*inferred.output, *inferred.value_info]}
     rng = rng_for(g.name + "/R")
