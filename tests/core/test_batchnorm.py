@@ -23,7 +23,6 @@ from onnx import numpy_helper
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
-from backend_support import training_build_only  # noqa: E402
 from batchnorm_support import (  # noqa: E402
     BATCH,
     EPOCHS,
@@ -269,7 +268,6 @@ def test_divergence_rolls_the_running_statistics_back(route: str, trained_torch)
         np.testing.assert_array_equal(value, initial[name], err_msg=name)
 
 
-@training_build_only("BatchNormalization's rule comes with issue 28")
 def test_inspect_lists_the_running_statistics(trained_torch, tmp_path, capsys) -> None:
     """``ort-train inspect`` lists the running statistics apart from the trained weights."""
     model, _, _ = trained_torch

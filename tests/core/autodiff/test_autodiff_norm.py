@@ -186,3 +186,59 @@ def test_batch_norm_running_statistics_read_by_the_loss_are_refused() -> None:
         GraphNotDifferentiableError, match="BatchNormalization node 'batch_norm_training_6x3_node'"
     ):
         gradient_model(model, g.names)
+
+
+def test_gemm_batchnorm_relu_gemm_trains_as_torch_on_the_onnx_backend() -> None:
+    """torch's Linear-BatchNorm1d-ReLU-Linear (TorchScript training export: Gemm,
+    BatchNormalization in training mode, Relu, Gemm) trained by the full loop on
+    backend='onnx': torch SGD's losses (1e-4), running statistics and parameters (1e-5)."""
+    torch = pytest.importorskip("torch")
+    from batchnorm_support import (
+        BATCH,
+        EPOCHS,
+        LR,
+        batchnorm_data,
+        export_training,
+        start_from_export,
+        torch_sgd,
+    )
+    from ort_train_core import Callback, OrtGradientOptimizer, add_loss_output
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(5, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 1)
+    )
+    with torch.no_grad():  # running statistics and affine parameters far from their defaults
+        net[1].running_mean.uniform_(-1.0, 1.0)
+        net[1].running_var.uniform_(0.5, 2.0)
+        net[1].weight.uniform_(0.5, 1.5)
+    X, y = batchnorm_data()
+    model = export_training(copy.deepcopy(net), torch.from_numpy(X[:BATCH]))
+    assert [n.op_type for n in model.graph.node if n.op_type != "Constant"] == [
+        "Gemm",
+        "BatchNormalization",
+        "Relu",
+        "Gemm",
+    ]
+    start_from_export(net, model)
+    torch_losses = torch_sgd(net, X, y)
+    losses: list[float] = []
+
+    class StepLosses(Callback):
+        def on_batch_end(self, trainer: Any, epoch: int, batch: int, loss: float) -> None:
+            losses.append(loss)
+
+    trainer = OrtGradientOptimizer(
+        add_loss_output(model),
+        learning_rate=LR,
+        batch_size=BATCH,
+        max_iter=EPOCHS,
+        shuffle=False,
+        callbacks=[StepLosses()],
+        backend="onnx",
+    ).fit(X, y)
+    np.testing.assert_allclose(losses, torch_losses, rtol=1e-4)
+    state = trainer.get_state()
+    for name, value in [*net.named_buffers(), *net.named_parameters()]:
+        if not name.endswith("num_batches_tracked"):
+            np.testing.assert_allclose(state[name], value.detach().numpy(), atol=1e-5, err_msg=name)
