@@ -26,7 +26,7 @@ from autodiff_oracle import (
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from ort_train_core.autodiff.rules.resize import axis_matrix
+from ort_train_core.autodiff.rules.resize import axis_matrix, source_coordinates
 from ort_train_core.exceptions import GraphNotDifferentiableError
 
 F32 = np.float32
@@ -236,7 +236,11 @@ def test_axis_matrix_is_onnx_resize(mode: str, coord: str) -> None:
         got = axis_matrix(mode, coord, nearest, in_size, out_size, float(F32(scale)))
         by_ort, by_reference = _unit_responses(mode, coord, nearest, in_size, scale)
         what = f"{mode} {coord} {nearest} {in_size} x{scale}"
-        np.testing.assert_allclose(got, by_ort, atol=1e-6, err_msg=f"{what}: onnxruntime")
+        frac = np.mod(source_coordinates(coord, in_size, out_size, float(F32(scale))), 1.0)
+        tie = mode == "nearest" and nearest.startswith("round") and np.any(np.abs(frac - 0.5) < 1e-5)
+        if not (tie and coord == "half_pixel_symmetric"):  # a rounding of the offset decides a tie:
+            # onnxruntime 1.19 and 1.32 round it apart (7 x 0.6: 0.5000001 and 0.5)
+            np.testing.assert_allclose(got, by_ort, atol=1e-6, err_msg=f"{what}: onnxruntime")
         exact = float(F32(scale)) * in_size == out_size
         dyadic = mode == "linear" or (scale * 4).is_integer()  # else float32 and 64 round apart
         if dyadic and (exact or coord not in ("align_corners", "pytorch_half_pixel", "half_pixel_symmetric")):
