@@ -20,6 +20,7 @@ from ..exceptions import GraphNotDifferentiableError
 from ..graph import carries_gradient, differentiable_ancestors
 from . import rules as _rules  # noqa: F401  (registers every rule family)
 from ._context import RULES, Context, StaticInfo
+from ._fold import inferred_graph
 
 
 class _LazyValues(Mapping[str, np.ndarray]):
@@ -53,10 +54,11 @@ class _LazyValues(Mapping[str, np.ndarray]):
 
 
 def static_info(model: onnx.ModelProto, differentiated: Sequence[str]) -> StaticInfo:
-    """What onnx's shape inference (with data propagation) finds about ``model``'s values."""
+    """What onnx's shape inference (with data propagation, the shape arithmetic folded:
+    :mod:`._fold`) finds about ``model``'s values."""
     g = model.graph
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True).graph
+        inferred = inferred_graph(model, differentiated)
     except Exception:  # a graph onnx cannot infer: the declared shapes only
         inferred = g
     dims: dict[str, tuple[int | str | None, ...]] = {}
