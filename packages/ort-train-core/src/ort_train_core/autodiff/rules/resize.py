@@ -25,13 +25,18 @@ from .._context import Context, attr, rule
 
 Grads = list["str | None"]
 
-#: how a nearest-mode source coordinate is rounded: the index above its floor when True
-_ROUND_UP = {
-    "round_prefer_floor": lambda frac: frac > 0.5,
-    "round_prefer_ceil": lambda frac: frac >= 0.5,
-    "floor": lambda frac: np.zeros_like(frac, dtype=bool),
-    "ceil": lambda frac: frac > 0,
-}
+
+def _round_up(nearest_mode: str, frac: np.ndarray) -> np.ndarray:
+    """Where a nearest-mode source coordinate (fractional part ``frac``) takes the index above
+    its floor."""
+    if nearest_mode == "round_prefer_floor":
+        return np.asarray(frac > 0.5)
+    if nearest_mode == "round_prefer_ceil":
+        return np.asarray(frac >= 0.5)
+    return np.asarray(frac > 0) if nearest_mode == "ceil" else np.zeros(frac.shape, dtype=bool)
+
+
+_NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
 
 def source_coordinates(coordinate_mode: str, in_size: int, out_size: int, scale: float) -> np.ndarray:
@@ -42,18 +47,17 @@ def source_coordinates(coordinate_mode: str, in_size: int, out_size: int, scale:
     f = np.float32
     y, s = np.arange(out_size, dtype=f), f(scale)
     if coordinate_mode == "align_corners":
-        return (
-            np.zeros(out_size) if out_size == 1 else (y * f(in_size - 1) / f(out_size - 1)).astype(np.float64)
-        )
-    if coordinate_mode == "asymmetric":
-        return (y / s).astype(np.float64)
-    if coordinate_mode == "pytorch_half_pixel" and out_size == 1:
-        return np.zeros(1)
-    if coordinate_mode == "half_pixel_symmetric":  # onnxruntime's order of operations
+        x = np.zeros(out_size, f) if out_size == 1 else y * f(in_size - 1) / f(out_size - 1)
+    elif coordinate_mode == "asymmetric":
+        x = y / s
+    elif coordinate_mode == "pytorch_half_pixel" and out_size == 1:
+        x = np.zeros(1, f)
+    elif coordinate_mode == "half_pixel_symmetric":  # onnxruntime's order of operations
         offset = f(in_size) / f(2) * (f(1) - f(out_size) / (s * f(in_size)))
-        return (offset + (y + f(0.5)) / s - f(0.5)).astype(np.float64)
-    x = (y + f(0.5)) / s - f(0.5)
-    return x.astype(np.float64)  # half_pixel, pytorch_half_pixel
+        x = offset + (y + f(0.5)) / s - f(0.5)
+    else:  # half_pixel, pytorch_half_pixel
+        x = (y + f(0.5)) / s - f(0.5)
+    return np.asarray(x, dtype=np.float64)
 
 
 def axis_matrix(
@@ -85,7 +89,7 @@ def axis_matrix(
     rows = np.arange(out_size)
     m = np.zeros((out_size, in_size))
     if mode == "nearest":
-        index = low.astype(np.int64) + _ROUND_UP[nearest_mode](frac)
+        index = low.astype(np.int64) + _round_up(nearest_mode, frac)
         m[rows, np.clip(index, 0, in_size - 1)] = 1.0
         return m
     base = low.astype(np.int64)
@@ -112,7 +116,7 @@ def _check_supported(node: onnx.NodeProto) -> tuple[str, str, str]:
         raise _refuse(node, "antialias=1", "resize without antialiasing (antialias=False in torch)")
     if coordinate == "tf_crop_and_resize":
         raise _refuse(node, "coordinate_transformation_mode='tf_crop_and_resize' (a roi)", "crop with Slice")
-    if text["nearest_mode"] not in _ROUND_UP:
+    if text["nearest_mode"] not in _NEAREST_MODES:
         raise _refuse(node, f"nearest_mode={text['nearest_mode']!r}", "use one of ONNX's nearest modes")
     return mode, coordinate, text["nearest_mode"]
 
