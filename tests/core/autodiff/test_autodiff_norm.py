@@ -242,3 +242,49 @@ def test_gemm_batchnorm_relu_gemm_trains_as_torch_on_the_onnx_backend() -> None:
     for name, value in [*net.named_buffers(), *net.named_parameters()]:
         if not name.endswith("num_batches_tracked"):
             np.testing.assert_allclose(state[name], value.detach().numpy(), atol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize(("shape", "groups"), [((2, 6, 5), 3), ((2, 4, 3, 2), 2)])
+def test_group_norm_18_scale_per_group_against_torch(shape: tuple[int, ...], groups: int) -> None:
+    """GroupNormalization-18 (scale and bias per group; onnx's checker refuses it as deprecated,
+    so not through the oracle): the gradients against torch's group_norm with the group's
+    scale repeated over its channels (float64)."""
+    torch = pytest.importorskip("torch")
+    import onnxruntime
+    from onnx import numpy_helper
+
+    from ort_train_core.autodiff.backend import OnnxBackend
+
+    rng = np.random.default_rng(0)
+    feeds = {
+        "X": rng.standard_normal(shape).astype(np.float32),
+        "scale": rng.uniform(0.5, 1.5, groups).astype(np.float32),
+        "B": rng.standard_normal(groups).astype(np.float32),
+    }
+    seed = rng.uniform(0.5, 1.5, shape).astype(np.float32)
+    nodes = [
+        helper.make_node("GroupNormalization", ["X", "scale", "B"], ["Y"], num_groups=groups, epsilon=EPS),
+        helper.make_node("Mul", ["Y", "R"], ["YR"]),
+        helper.make_node("ReduceSum", ["YR"], ["loss"], keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "group_norm_18",
+        [helper.make_tensor_value_info(k, TensorProto.FLOAT, v.shape) for k, v in feeds.items()],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
+        [numpy_helper.from_array(seed, "R")],
+        value_info=[helper.make_tensor_value_info("Y", TensorProto.FLOAT, shape)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    grad = OnnxBackend().gradient_graph(model, "loss", list(feeds))
+    session = onnxruntime.InferenceSession(grad.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = session.run([f"{k}_grad" for k in feeds], feeds)
+    t = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in feeds.items()}
+    per = shape[1] // groups
+    y = torch.nn.functional.group_norm(
+        t["X"], groups, t["scale"].repeat_interleave(per), t["B"].repeat_interleave(per), eps=EPS
+    )
+    (y * torch.tensor(seed, dtype=torch.float64)).sum().backward()
+    for (name, tensor), value in zip(t.items(), got):
+        np.testing.assert_allclose(value, tensor.grad.numpy(), rtol=1e-5, atol=1e-5, err_msg=name)
