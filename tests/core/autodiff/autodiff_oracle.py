@@ -30,6 +30,8 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 from onnx.reference.ops._op import OpRunUnaryNum
+from onnx.reference.ops.op_conv import Conv as RefConv
+from onnx.reference.ops.op_conv_transpose import ConvTranspose as RefConvTranspose
 
 from ort_train_core._backends import get_backend
 
@@ -154,8 +156,50 @@ class GatherElements(OpRun):
         return (data[tuple(grid)],)
 
 
+class Conv(RefConv):
+    """Conv by groups (onnx.reference's fails to reshape some grouped convolutions)."""
+
+    op_domain = ""
+
+    def _run(self, X: np.ndarray, W: np.ndarray, B: Any = None, **attrs: Any) -> tuple[np.ndarray]:
+        return (_by_groups(super()._run, X, W, B, 0, attrs),)
+
+
+class ConvTranspose(RefConvTranspose):
+    """ConvTranspose by groups (as :class:`Conv`)."""
+
+    op_domain = ""
+
+    def _run(self, X: np.ndarray, W: np.ndarray, B: Any = None, **attrs: Any) -> tuple[np.ndarray]:
+        return (_by_groups(super()._run, X, W, B, 1, attrs),)
+
+
+def _by_groups(
+    run: Any, X: np.ndarray, W: np.ndarray, B: Any, w_axis: int, attrs: dict[str, Any]
+) -> np.ndarray:
+    """``run`` (a one-group reference kernel) on each group of channels, outputs concatenated;
+    ``w_axis``: W's axis of the output channels (0 for Conv, 1 for ConvTranspose)."""
+    group = int(attrs.pop("group", None) or 1)
+    xs = np.split(X, group, axis=1)
+    ws = np.split(W, group, axis=0)
+    n_out = W.shape[1] if w_axis else W.shape[0] // group
+    bs = [None] * group if B is None else [B[k * n_out : (k + 1) * n_out] for k in range(group)]
+    return np.concatenate([run(x, w, b, group=1, **attrs)[0] for x, w, b in zip(xs, ws, bs)], axis=1)
+
+
+class GlobalMaxPool(OpRun):
+    """GlobalMaxPool over every spatial axis (onnx.reference's reduces the wrong axes off 2-D)."""
+
+    op_domain = ""
+
+    def _run(self, x: np.ndarray) -> tuple[np.ndarray]:
+        return (x.max(axis=tuple(range(2, x.ndim)), keepdims=True),)
+
+
 def evaluator(model: onnx.ModelProto) -> ReferenceEvaluator:
-    return ReferenceEvaluator(model, new_ops=[Erf, GatherElements, Gelu, Mean, Pad])
+    return ReferenceEvaluator(
+        model, new_ops=[Conv, ConvTranspose, Erf, GatherElements, Gelu, GlobalMaxPool, Mean, Pad]
+    )
 
 
 # ---- building ----------------------------------------------------------------------------------

@@ -165,9 +165,17 @@ class Context:
 
     def zeros_like(self, name: str, hint: str = "zeros") -> str:
         if name in self.shapes:
-            return self.const(np.zeros(self.shapes[name]), like=name, hint=hint)
+            return self.zeros(self.shapes[name], like=name, hint=hint)
         zero = helper.make_tensor("zero", self.dtype(name), [1], [0])
         return self.op("ConstantOfShape", [self.op("Shape", [name])], hint, value=zero)
+
+    def zeros(self, shape: Sequence[int], like: str, hint: str = "zeros") -> str:
+        """Zeros of the static ``shape`` in ``like``'s element type: a ConstantOfShape where
+        a constant would put a large tensor of zeros in the graph (an embedding table's)."""
+        if int(np.prod(shape)) <= 64:
+            return self.const(np.zeros(shape), like=like, hint=hint)
+        zero = helper.make_tensor("zero", self.dtype(like), [1], [0])
+        return self.op("ConstantOfShape", [self.ints(shape, "shape")], hint, value=zero)
 
     def reduce_sum(self, x: str, axes: Sequence[int], keepdims: int = 1) -> str:
         return self.b.reduce("ReduceSum", x, list(axes), keepdims)

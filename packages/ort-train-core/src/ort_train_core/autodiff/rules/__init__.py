@@ -1,6 +1,6 @@
 """The gradient rules, one module per operator family; importing this package registers them
 all in :data:`.._context.RULES`."""
 
-from . import elementwise, linalg, norm, recurrent, reduce, resize, shape
+from . import conv, elementwise, linalg, norm, recurrent, reduce, resize, shape
 
-__all__ = ["elementwise", "linalg", "norm", "recurrent", "reduce", "resize", "shape"]
+__all__ = ["conv", "elementwise", "linalg", "norm", "recurrent", "reduce", "resize", "shape"]

@@ -96,7 +96,7 @@ def _slice(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
         positions = np.ix_(*[np.arange(*p, dtype=np.int64) for p in params])
         taken = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)[positions]
         flat = ctx.reshape(dy, (-1,))
-        zeros = ctx.const(np.zeros(int(np.prod(shape))), like=x)
+        zeros = ctx.zeros([int(np.prod(shape))], like=x)
         grad = ctx.reshape(
             ctx.op("ScatterElements", [zeros, ctx.ints(taken.ravel(), "taken"), flat], axis=0), shape
         )
@@ -139,7 +139,7 @@ def _gather(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     )
     dy_moved = ctx.transpose(dy, dy_perm) if axis else dy
     if ctx.is_static(x):
-        zeros = ctx.const(np.zeros([ctx.shape(x)[k] for k in perm]), like=x)
+        zeros = ctx.zeros([ctx.shape(x)[k] for k in perm], like=x)
     else:
         zeros = ctx.transpose(ctx.zeros_like(x), perm) if axis else ctx.zeros_like(x)
     scattered = ctx.op(

@@ -1,0 +1,275 @@
+"""Gradient rules of convolution and pooling: Conv, ConvTranspose, MaxPool, AveragePool,
+GlobalAveragePool and GlobalMaxPool (1 to 3 spatial axes, static shapes).
+
+The sliding window's transpose is the other operator of the pair: the input gradient of a
+Conv is a ConvTranspose of ``dY`` by the same weight, and the other way round; an AveragePool's
+is a grouped ConvTranspose by a constant kernel. Standard ONNX has no im2col, so the weight
+gradient ``dW[m, c, k] = sum_{n, o} dY[n, m, o] X[n, c, o s + k d]`` is itself a convolution
+(:func:`_weight_gradient`): of X by dY with the batch axis as the channels (strides and
+dilations exchanged) when the weight has one group, of the rows of X by the rows of dY as
+``N * C`` groups when it has several (depthwise: no copy). A MaxPool's gradient adds ``dY`` at
+the positions its ``Indices`` output gives (``ScatterElements``, 2.5x faster than ScatterND).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+
+from ..._auto_pad import same_pads
+from ...exceptions import GraphNotDifferentiableError
+from .._context import Context, attr, rule
+
+Grads = list["str | None"]
+
+
+class Window:
+    """A sliding window's geometry on the spatial axes: kernel, strides, dilations, pads
+    (``auto_pad`` resolved on the static input shape)."""
+
+    def __init__(self, ctx: Context, node: onnx.NodeProto, kernel: Sequence[int]) -> None:
+        rank = len(kernel)
+        self.kernel = [int(k) for k in kernel]
+        self.strides = [int(s) for s in attr(node, "strides", [1] * rank)]
+        self.dilations = [int(d) for d in attr(node, "dilations", [1] * rank)]
+        auto_pad = attr(node, "auto_pad", b"NOTSET")
+        auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER") and node.op_type != "ConvTranspose":
+            w_dims = ctx.shape(node.input[1]) if node.op_type == "Conv" else None
+            pads = same_pads(node, ctx.shape(node.input[0]), w_dims)
+            assert pads is not None  # static shapes
+            self.pads = pads
+        elif auto_pad == "VALID":
+            self.pads = [0] * (2 * rank)
+        else:
+            self.pads = [int(p) for p in attr(node, "pads", [0] * (2 * rank))]
+        self.begin, self.end = self.pads[:rank], self.pads[rank:]
+
+    @property
+    def attrs(self) -> dict[str, list[int]]:
+        return {"strides": self.strides, "dilations": self.dilations, "pads": self.pads}
+
+    def span(self, k: int) -> int:
+        return (self.kernel[k] - 1) * self.dilations[k] + 1
+
+
+def _spatial(ctx: Context, name: str) -> list[int]:
+    return list(ctx.shape(name)[2:])
+
+
+def _transposed_window(w: Window, sizes: Sequence[int], out_sizes: Sequence[int]) -> dict[str, list[int]]:
+    """Attributes of the ConvTranspose that maps a window's outputs (``out_sizes``) back onto
+    its inputs (``sizes``): the same strides, dilations and begin pads, the end pads and
+    output padding that give exactly ``sizes`` (a last window may leave rows out)."""
+    ends, extra = [], []
+    for k, (n, o) in enumerate(zip(sizes, out_sizes)):
+        full = (o - 1) * w.strides[k] + w.span(k) - w.begin[k]  # rows the windows reach
+        ends.append(max(full - n, 0))
+        extra.append(max(n - full, 0))
+    return {
+        "strides": w.strides,
+        "dilations": w.dilations,
+        "pads": [*w.begin, *ends],
+        "output_padding": extra,
+    }
+
+
+def _weight_gradient(
+    ctx: Context, x: str, dy: str, like: tuple[str, str], w: Window, group: int, begin: Sequence[int]
+) -> str:
+    """``dW[m, c', k] = sum_{n, o} dY[n, m, o] Xpad[n, g(m) C/g + c', o s + k d]`` for X
+    ``[N, C, *S]`` and dY ``[N, M, *O]``, X padded by ``begin`` (and as needed at the end):
+    a convolution of X by dY, strides and dilations exchanged, cropped to the kernel
+    (``like``: the forward values shaped as X and dY)."""
+    n, c, *sizes = ctx.shape(like[0])
+    _, m, *outs = ctx.shape(like[1])
+    rank = len(sizes)
+    ends = [max((o - 1) * w.strides[k] + w.span(k) - sizes[k] - begin[k], 0) for k, o in enumerate(outs)]
+    swapped = {"strides": w.dilations, "dilations": w.strides, "pads": [*begin, *ends]}
+    if group == 1:  # batch as channels: [C, N, *S] by [M, N, *O] -> [C, M, *K']
+        full = ctx.op(
+            "Conv",
+            [ctx.transpose(x, [1, 0, *range(2, rank + 2)]), ctx.transpose(dy, [1, 0, *range(2, rank + 2)])],
+            **swapped,
+        )
+        grad = ctx.transpose(full, [1, 0, *range(2, rank + 2)])
+    else:  # rows as groups: [1, N C, *S] by dY repeated over each group's C/g channels
+        per_in, per_out = c // group, m // group
+        rows = ctx.reshape(x, [1, n * c, *sizes])
+        dyg = ctx.reshape(dy, [n, group, 1, per_out, *outs])
+        if per_in > 1:
+            dyg = ctx.op("Expand", [dyg, ctx.ints([n, group, per_in, per_out, *outs])])
+        kernels = ctx.reshape(dyg, [n * c * per_out, 1, *outs])
+        full = ctx.op("Conv", [rows, kernels], group=n * c, **swapped)
+        spans = [int(v) for v in _full_sizes(sizes, outs, w, begin, ends)]
+        summed = ctx.reduce_sum(ctx.reshape(full, [n, group, per_in, per_out, *spans]), [0], keepdims=0)
+        grad = ctx.reshape(ctx.transpose(summed, [0, 2, 1, *range(3, rank + 3)]), [m, per_in, *spans])
+    crop = [k for k in range(rank) if _full_sizes(sizes, outs, w, begin, ends)[k] != w.kernel[k]]
+    if not crop:
+        return grad
+    return ctx.op(
+        "Slice",
+        [
+            grad,
+            ctx.ints([0] * len(crop)),
+            ctx.ints([w.kernel[k] for k in crop]),
+            ctx.ints([k + 2 for k in crop]),
+        ],
+    )
+
+
+def _full_sizes(
+    sizes: Sequence[int], outs: Sequence[int], w: Window, begin: Sequence[int], ends: Sequence[int]
+) -> list[int]:
+    """The spatial sizes of :func:`_weight_gradient`'s uncropped convolution."""
+    return [
+        (sizes[k] + begin[k] + ends[k] - ((outs[k] - 1) * w.strides[k] + 1)) // w.dilations[k] + 1
+        for k in range(len(sizes))
+    ]
+
+
+def _bias_gradient(ctx: Context, dy: str, rank: int) -> str:
+    return ctx.reduce_sum(dy, [0, *range(2, rank)], keepdims=0)
+
+
+@rule("Conv")
+def _conv(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
+    (dy,) = dys
+    assert dy is not None
+    x, weight = node.input[0], node.input[1]
+    group = int(attr(node, "group", 1))
+    w = Window(ctx, node, ctx.shape(weight)[2:])
+    dx = dw = db = None
+    if ctx.needs(x):  # dX = ConvTranspose(dY, W): the window's transpose
+        t = _transposed_window(w, _spatial(ctx, x), _spatial(ctx, node.output[0]))
+        dx = ctx.op("ConvTranspose", [dy, weight], group=group, **t)
+    if ctx.needs(weight):
+        dw = _weight_gradient(ctx, x, dy, (x, node.output[0]), w, group, w.begin)
+    if len(node.input) > 2 and ctx.needs(node.input[2]):
+        db = _bias_gradient(ctx, dy, ctx.rank(x))
+    return [dx, dw, db]
+
+
+def _conv_transpose_begin(ctx: Context, node: onnx.NodeProto, w: Window) -> list[int]:
+    """The begin pads of a ConvTranspose (its ``output_shape`` or ``auto_pad`` resolved)."""
+    shape = attr(node, "output_shape")
+    auto_pad = attr(node, "auto_pad", b"NOTSET")
+    if shape is None and auto_pad in (b"NOTSET", "NOTSET", b"VALID", "VALID"):
+        return w.begin
+    sizes, outs = _spatial(ctx, node.input[0]), _spatial(ctx, node.output[0])
+    extra = [int(p) for p in attr(node, "output_padding", [0] * len(sizes))]
+    begins = []
+    for k, (n, o) in enumerate(zip(sizes, outs)):
+        total = w.strides[k] * (n - 1) + extra[k] + w.span(k) - o
+        upper = auto_pad in (b"SAME_UPPER", "SAME_UPPER")
+        begins.append(total // 2 if upper else total - total // 2)
+    if any(b < 0 for b in begins):
+        raise GraphNotDifferentiableError(
+            f"the onnx backend differentiates ConvTranspose with non-negative pads; node "
+            f"{node.name!r} has an output_shape larger than its windows reach: give explicit pads "
+            "and output_padding instead"
+        )
+    return begins
+
+
+@rule("ConvTranspose")
+def _conv_transpose(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
+    (dy,) = dys
+    assert dy is not None
+    x, weight = node.input[0], node.input[1]
+    group = int(attr(node, "group", 1))
+    w = Window(ctx, node, ctx.shape(weight)[2:])
+    begin = _conv_transpose_begin(ctx, node, w)
+    sizes, outs = _spatial(ctx, x), _spatial(ctx, node.output[0])
+    dx = dw = db = None
+    if ctx.needs(x):  # dX = Conv(dY, W) over the padded output
+        ends = [max((n - 1) * w.strides[k] + w.span(k) - outs[k] - begin[k], 0) for k, n in enumerate(sizes)]
+        dx = ctx.op(
+            "Conv", [dy, weight], group=group, strides=w.strides, dilations=w.dilations, pads=[*begin, *ends]
+        )
+    if ctx.needs(weight):  # the Conv's weight gradient with the roles of X and dY exchanged
+        dw = _weight_gradient(ctx, dy, x, (node.output[0], x), w, group, begin)
+    if len(node.input) > 2 and ctx.needs(node.input[2]):
+        db = _bias_gradient(ctx, dy, ctx.rank(x))
+    return [dx, dw, db]
+
+
+def _pool_window(ctx: Context, node: onnx.NodeProto) -> Window:
+    w = Window(ctx, node, attr(node, "kernel_shape"))
+    if int(attr(node, "storage_order", 0)):
+        raise GraphNotDifferentiableError(
+            f"the onnx backend differentiates MaxPool with storage_order=0; node {node.name!r} has "
+            "storage_order=1: export it with the default (row major) order"
+        )
+    return w
+
+
+@rule("MaxPool")
+def _max_pool(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
+    dy = dys[0]
+    assert dy is not None
+    x = node.input[0]
+    _pool_window(ctx, node)
+    y_dims = ctx.dims(node.output[0])
+    indices = ctx.output_of(node, 1, f"{node.output[0]}_indices", onnx.TensorProto.INT64, y_dims)
+    # dX: dY added at each window's maximum (Indices: flat positions in the whole of X)
+    flat = ctx.op(
+        "ScatterElements",
+        [ctx.zeros([int(np.prod(ctx.shape(x)))], like=x), ctx.reshape(indices, [-1]), ctx.reshape(dy, [-1])],
+        axis=0,
+        reduction="add",
+    )
+    return [ctx.reshape_like(flat, x)]
+
+
+def _window_counts(w: Window, sizes: Sequence[int], outs: Sequence[int], include_pad: bool) -> np.ndarray:
+    """The number of values each AveragePool window averages (``[*O]``): the inputs it covers,
+    with the pads when ``include_pad`` (never beyond them: ceil_mode's last windows)."""
+    per_axis = []
+    for k, (n, o) in enumerate(zip(sizes, outs)):
+        lo, hi = (-w.begin[k], n + w.end[k]) if include_pad else (0, n)
+        starts = np.arange(o) * w.strides[k] - w.begin[k]
+        taps = starts[:, None] + np.arange(w.kernel[k])[None, :] * w.dilations[k]
+        per_axis.append(((taps >= lo) & (taps < hi)).sum(axis=1))
+    counts = per_axis[0]
+    for axis in per_axis[1:]:
+        counts = np.multiply.outer(counts, axis)
+    return np.asarray(counts, dtype=np.float64)
+
+
+@rule("AveragePool")
+def _average_pool(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
+    (dy,) = dys
+    assert dy is not None
+    x = node.input[0]
+    w = _pool_window(ctx, node)
+    _, c, *sizes = ctx.shape(x)
+    outs = _spatial(ctx, node.output[0])
+    counts = _window_counts(w, sizes, outs, bool(attr(node, "count_include_pad", 0)))
+    # dX = ConvTranspose(dY / count, ones) per channel (group = C)
+    scaled = ctx.op("Mul", [dy, ctx.const((1.0 / counts)[None, None], like=x)])
+    ones = ctx.const(np.ones([c, 1, *w.kernel]), like=x)
+    t = _transposed_window(w, sizes, outs)
+    return [ctx.op("ConvTranspose", [scaled, ones], group=c, **t)]
+
+
+@rule("GlobalAveragePool")
+def _global_average_pool(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
+    (dy,) = dys
+    assert dy is not None
+    x = node.input[0]
+    count = ctx.count(x, list(range(2, ctx.rank(x))))
+    scale = ctx.const(1.0 / count, like=x) if isinstance(count, float) else ctx.op("Reciprocal", [count])
+    return [ctx.op("Expand", [ctx.op("Mul", [dy, scale]), ctx.shape_of(x)])]
+
+
+@rule("GlobalMaxPool")
+def _global_max_pool(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
+    (dy,) = dys
+    assert dy is not None
+    x = node.input[0]
+    # dY to every position holding the maximum (a tie shares it whole; torch picks one)
+    hit = ctx.op("Cast", [ctx.op("Equal", [x, node.output[0]])], to=ctx.dtype(x))
+    return [ctx.op("Mul", [hit, dy])]
