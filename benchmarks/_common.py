@@ -27,6 +27,7 @@ import os
 import platform
 import re
 import socket
+import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -294,6 +295,26 @@ def route_notes(notes: Iterable[tuple[str, str, str]]) -> list[str]:
             seen.add((label, note))
             lines.append(f"- {label} ({where}): {note}")
     return lines
+
+
+def child_result(
+    cmd: Sequence[str], prefix: str, timeout: float | None = None, live_stderr: bool = False
+) -> Any:
+    """Runs ``cmd`` (a benchmark in a fresh interpreter, ``PYTHONWARNINGS=ignore`` unless set):
+    the JSON its stdout's last line starting with ``prefix`` holds, else a str saying why none
+    (the timeout, or the exit status and the last lines of stderr; ``live_stderr``: the child's
+    stderr goes to ours as it runs)."""
+    env = {"PYTHONWARNINGS": "ignore", **os.environ}
+    try:
+        err = None if live_stderr else subprocess.PIPE
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return f"timed out after {timeout:g} s"
+    found = [line for line in proc.stdout.splitlines() if line.startswith(prefix)]
+    if found:
+        return json.loads(found[-1][len(prefix) :])
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+    return f"exit status {proc.returncode}: " + " | ".join(tail)
 
 
 # ---- threads ------------------------------------------------------------------------------

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -211,21 +209,12 @@ def run_route(route: str, rows: int, epochs: int, batch: int, timeout: float = 9
         "--batch",
         str(batch),
     ]
-    env = dict(os.environ)
-    env.setdefault("PYTHONWARNINGS", "ignore")
     t = time.perf_counter()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {"route": route, "error": f"timed out after {timeout:g} s"}
-    wall = time.perf_counter() - t
-    for line in proc.stdout.splitlines():
-        if line.startswith(RESULT_PREFIX):
-            result: dict[str, Any] = json.loads(line[len(RESULT_PREFIX) :])
-            result["process_seconds"] = wall
-            return ratios(result)
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-    return {"route": route, "error": f"exit status {proc.returncode}: " + " | ".join(tail)}
+    result = common.child_result(cmd, RESULT_PREFIX, timeout)
+    if isinstance(result, str):
+        return {"route": route, "error": result}
+    result["process_seconds"] = time.perf_counter() - t
+    return ratios(result)
 
 
 def ratios(r: dict[str, Any]) -> dict[str, Any]:

@@ -8,8 +8,8 @@ weights (Glorot uniform), the same epochs, a constant learning rate, plain SGD, 
 logit(s) (ort-train and torch routes only). Each route's note (in the reports) says what it runs;
 where its library scales the loss differently (scikit-learn's squared error is half ours), its
 learning rate makes our step and its losses are put on our scale. A route that does not apply, or
-whose library is missing, raises :class:`Skip`. ``bench_backends.py`` runs the ort-train loops
-on each gradient backend (``full-onnx``, ``partial-onnxruntime-training``...) beside torch.
+whose library is missing, raises :class:`Skip`. ``bench_full.py --only backends`` runs the
+ort-train loops on each gradient backend (``full-onnx``, ``partial-onnxruntime-training``...).
 
 Measures (:func:`run_case`), per route: ``setup`` (graphs, sessions, modules, timed apart where
 the route has one: the ort-train trainers' ``prepare``), a first untimed run (first-call costs)
@@ -28,7 +28,6 @@ import contextlib
 import functools
 import importlib
 import itertools
-import os
 import sys
 import time
 import traceback
@@ -273,18 +272,13 @@ def prediction_model(case: Case, backend: str | None = None) -> Any:
     return mlp_onnx(case.weights, graph_name=f"{case.name}-{backend}" if backend else case.name)
 
 
-def _backend(name: str | None) -> Any:
-    """``$ORT_TRAIN_BACKEND`` set to ``name`` while the trainers build (None: left as it is)."""
-    from unittest import mock
-
-    return mock.patch.dict(os.environ, {"ORT_TRAIN_BACKEND": name} if name else {})
-
-
 def _trainer(case: Case, partial: bool, backend: str | None = None) -> Any:
     """The full loop's trainer (the loss in the graph) or the partial loop's, for the case."""
     import ort_train_core as otc
 
-    loop = dict(max_iter=case.epochs, batch_size=case.batch, shuffle=False, device=case.device)
+    loop = dict(
+        max_iter=case.epochs, batch_size=case.batch, shuffle=False, device=case.device, backend=backend
+    )
     loop["threads"] = case.ort_threads
     if partial:
         lr = otc.LearningRateSGD(eta0=case.lr, learning_rate="constant")
@@ -305,14 +299,12 @@ def _trainer_route(case: Case, partial: bool, backend: str | None = None) -> Rou
     if backend == "onnxruntime-training" and not is_training_build(ort_capi):
         raise Skip("this onnxruntime is not the training build")
     t0 = time.perf_counter()
-    with _backend(backend):
-        trainer = _trainer(case, partial, backend).prepare(case.X, case.target)
+    trainer = _trainer(case, partial, backend).prepare(case.X, case.target)
     setup = time.perf_counter() - t0
 
     def run() -> float:
         t = time.perf_counter()
-        with _backend(backend):
-            trainer.fit(case.X, case.target)
+        trainer.fit(case.X, case.target)
         return time.perf_counter() - t
 
     def finish() -> dict[str, Any]:
@@ -676,7 +668,7 @@ FACTORIES: dict[str, Callable[[Case], Route]] = {
     "sk_sgd": route_sk_sgd,
     "sk_mlp": route_sk_mlp,
 }
-for _name in ("onnx", "onnxruntime-training"):  # the loops on a named backend (bench_backends.py)
+for _name in ("onnx", "onnxruntime-training"):  # the loops on a named backend (bench_full.py --only backends)
     FACTORIES[f"full-{_name}"] = functools.partial(_trainer_route, partial=False, backend=_name)
     FACTORIES[f"partial-{_name}"] = functools.partial(_trainer_route, partial=True, backend=_name)
 

@@ -1,10 +1,12 @@
 """Runs every benchmark: the target scripts ``bench_full.py``, ``bench_sklearn.py``,
-``bench_torch.py``, ``bench_memory.py``, ``bench_zoo.py`` and ``bench_graph_prep.py`` (their
-``main(argv)``, with ``--quick`` and ``--out`` forwarded).
+``bench_torch.py``, ``bench_memory.py``, ``bench_zoo.py`` (its test sizes, then its real-size
+preset ``--real``: ``bench_zoo_real``) and ``bench_graph_prep.py`` (their ``main(argv)``, with
+``--quick`` and ``--out`` forwarded).
 
 Usage: ``python benchmarks/run.py [--quick] [--out benchmarks/results] [--only NAME ...]``.
 
-- ``--quick``: each script's quick mode (a few minutes on 2 cores in all).
+- ``--quick``: each script's quick mode (a few minutes on 2 cores in all; the real-size preset
+  on the MLP only).
 - A part that raises (or returns a non-zero status) is reported and the others still run; the
   exit status is then 1.
 
@@ -34,6 +36,7 @@ TARGET_SCRIPTS = (
     "bench_torch",
     "bench_memory",
     "bench_zoo",
+    "bench_zoo_real",
     "bench_graph_prep",
 )
 
@@ -65,8 +68,12 @@ def main(argv: list[str] | None = None) -> int:
     parts = []
     forwarded = ["--out", str(args.out)] + (["--quick"] if args.quick else [])
     for name in args.only or TARGET_SCRIPTS:
-        print(f"\n==== {name} {' '.join(forwarded)}", flush=True)
-        parts.append(run_part(name, lambda name=name: importlib.import_module(name).main(forwarded)))
+        argv = forwarded + (
+            ["--real", *(["--only", "mlp"] if args.quick else [])] if name == "bench_zoo_real" else []
+        )
+        print(f"\n==== {name} {' '.join(argv)}", flush=True)
+        module = name.removesuffix("_real")
+        parts.append(run_part(name, lambda m=module, a=argv: importlib.import_module(m).main(a)))
     elapsed = time.perf_counter() - t_start
     print("\n==== run.py summary", flush=True)
     print(f"machine: {common.machine_line(common.machine_info())}")
