@@ -4,7 +4,8 @@ An exporter computes a reshape's target from ``Shape`` outputs with ``Slice``, `
 arithmetic (TorchScript's ``nn.MultiheadAttention``: ``Mod`` of constants as a slice's end).
 onnx's data propagation stops at operators it does not know (``Mod``): the reshaped value's rank
 is then unknown although every input of that arithmetic is constant once the batch is fixed.
-:func:`inferred_graph` evaluates such nodes (integer outputs of at most :data:`SMALL` elements,
+:func:`inferred_graph` evaluates such nodes (outputs of at most :data:`SMALL` elements: shapes,
+indices, a Resize's scales concatenated from constants;
 inputs all constant or the ``Shape`` of a value of static shape) with ``onnx.reference`` and
 infers shapes again, until nothing more folds. The differentiated graph itself is not changed.
 """
@@ -119,7 +120,7 @@ def _fold_round(
         else:
             continue
         for name, value in zip(outputs, values):
-            if value is not None and value.dtype.kind in "iub" and value.size <= SMALL:
+            if value is not None and value.dtype.kind in "iubf" and value.size <= SMALL:
                 folded[name] = value
     return folded
 

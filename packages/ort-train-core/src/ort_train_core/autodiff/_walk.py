@@ -74,7 +74,8 @@ def static_info(model: onnx.ModelProto, differentiated: Sequence[str]) -> Static
             types.setdefault(vi.name, tt.elem_type)
         if tt.HasField("shape"):
             dims.setdefault(vi.name, tuple(_dim(d) for d in tt.shape.dim))
-    values = _LazyValues(g, set(differentiated))
+    # the inferred graph's constants: the original ones and the shape arithmetic folded
+    values = _LazyValues(inferred, set(differentiated))
     for name in values:  # constants onnx left without a value_info
         if name not in dims:
             dims[name] = tuple(values[name].shape)
