@@ -38,6 +38,7 @@ from ..graph import (
 )
 from ..learning_rate import BaseLearningRate
 from ._context import StaticInfo
+from ._sparse_update import sparse_embedding_updates
 from ._walk import active_values, checked_path, live_nodes, reverse_pass, static_info
 from .rules.recurrent import time_major
 
@@ -108,7 +109,9 @@ class OnnxBackend:
         """The fused step graph (:func:`~.._gradient.fused_step_from_gradients`) of
         :meth:`gradient_graph`: the same graph on every device."""
         gradients = self.gradient_graph(loss_model, loss_name, weights)
-        return fused_step_from_gradients(gradients, loss_name, weights, learning_rate)
+        step, signature = fused_step_from_gradients(gradients, loss_name, weights, learning_rate)
+        sparse_embedding_updates(step, set(weights))  # embeddings' SGD: only the gathered rows
+        return step, signature
 
     def forward_backward(
         self,
