@@ -53,6 +53,8 @@ CONVS: list[tuple[Any, ...]] = [
     ("dilation2", (2, 3, 7, 6), (2, 3, 3, 2), 1, [1, 2], [2, 1, 2, 1], [2, 2], True, None),
     ("groups2", (2, 4, 5, 5), (6, 2, 3, 3), 2, [1, 1], [1, 1, 1, 1], [1, 1], True, None),
     ("depthwise", (2, 3, 6, 6), (6, 1, 3, 3), 3, [2, 2], [1, 1, 1, 1], [1, 1], True, None),
+    ("depthwise_s2_asym", (2, 3, 7, 6), (3, 1, 3, 3), 3, [2, 2], [1, 0, 0, 1], [1, 1], True, None),
+    ("depthwise_dilated", (2, 4, 7, 7), (4, 1, 3, 2), 4, [1, 1], [2, 1, 2, 1], [2, 2], False, None),
     ("stem_7x7_s2", (2, 3, 9, 9), (4, 3, 7, 7), 1, [2, 2], [3, 3, 3, 3], [1, 1], False, None),
     ("1x1_s2", (2, 4, 5, 5), (3, 4, 1, 1), 1, [2, 2], [0, 0, 0, 0], [1, 1], False, None),
     ("1d", (3, 2, 9), (4, 2, 3), 1, [2], [1, 2], [1], True, None),
@@ -249,3 +251,51 @@ def test_conv_rule_against_torch(graph: Graph) -> None:
 @pytest.mark.parametrize("graph", CASES, ids=IDS)
 def test_conv_rule_against_finite_differences(graph: Graph) -> None:
     check_against_finite_differences(graph)
+
+
+def test_small_cnn_trains_as_torch_on_the_onnx_backend() -> None:
+    """torch's Conv-ReLU-MaxPool-Conv-AdaptiveAvgPool-Linear (TorchScript export: Conv, Relu,
+    MaxPool, Conv, GlobalAveragePool, Flatten, Gemm) trained by the full loop on backend='onnx'
+    for 6 SGD steps (a last batch of 4 rows): torch SGD's losses (1e-4) and parameters (1e-5)."""
+    torch = pytest.importorskip("torch")
+    from batchnorm_support import BATCH, EPOCHS, LR, export_training, torch_sgd
+    from ort_train_core import Callback, ExportedGraphWarning, OrtGradientOptimizer, add_loss_output
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(2, 4, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(4, 6, 3, stride=2),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(6, 1),
+    )
+    rng = np.random.default_rng(0)
+    X = rng.normal(0.0, 1.0, size=(20, 2, 9, 9)).astype(np.float32)
+    y = (X[:, 0].mean(axis=(1, 2)) - X[:, 1, :3, :3].sum(axis=(1, 2)))[:, None].astype(np.float32)
+    model = export_training(net, torch.from_numpy(X[:BATCH]))
+    ops = [n.op_type for n in model.graph.node if n.op_type != "Constant"]
+    assert ops[:5] == ["Conv", "Relu", "MaxPool", "Conv", "GlobalAveragePool"], ops
+    losses: list[float] = []
+
+    class StepLosses(Callback):
+        def on_batch_end(self, trainer: Any, epoch: int, batch: int, loss: float) -> None:
+            losses.append(loss)
+
+    with pytest.warns(ExportedGraphWarning, match="no BatchNormalization"):  # none to fold here
+        trainer = OrtGradientOptimizer(
+            add_loss_output(model),
+            learning_rate=LR,
+            batch_size=BATCH,
+            max_iter=EPOCHS,
+            shuffle=False,
+            callbacks=[StepLosses()],
+            backend="onnx",
+        ).fit(X, y)
+    torch_losses = torch_sgd(net, X, y)
+    assert len(losses) == 6
+    np.testing.assert_allclose(losses, torch_losses, rtol=1e-4)
+    state = trainer.get_state()
+    for name, value in net.named_parameters():
+        np.testing.assert_allclose(state[name], value.detach().numpy(), atol=1e-5, err_msg=name)

@@ -80,7 +80,18 @@ def _transposed_window(w: Window, sizes: Sequence[int], out_sizes: Sequence[int]
 #: slices of X (columns): measured on ResNet-18 shapes (batch 32, one thread, stock onnxruntime
 #: 1.32), the columns' Gemm took 0.65-0.75x the swapped Conv's time for 3x3 kernels at stride 1
 #: (64 ch 16x16: 12.3 against 18.2 ms; 512 ch 2x2: 10.5 against 15.2), the same at stride 2,
-#: and 2x for the 7x7 stem (22.5 against 11.1 ms: 49 slices of few channels)
+#: and 2x for the 7x7 stem (22.5 against 11.1 ms: 49 slices of few channels). Remeasured
+#: (issue 28; one-Conv graph, forward + dW with dY a graph input, ms, best of 7, batch 32, one
+#: thread, on a loaded 2-core VM: +-30%; onnxruntime 1.19.2 / stock 1.32 / torch fwd+dW):
+#:   stem 3->64 7x7 s2 on 64x64   columns 58/57    swapped 47/57   torch 24/18
+#:   3x3 64->64 on 16x16          columns 39/32    swapped 51/42   torch 25/17
+#:   3x3 128->128 on 8x8          columns 23/22    swapped 37/33   torch 15/10
+#:   3x3 s2 64->128 on 16x16      columns 18/17    swapped 14/18   torch  9/8
+#:   1x1 s2 64->128 on 16x16      columns 1.7/2.1  swapped 11/14   torch 1.5/2.1
+#:   depthwise 3x3 64 ch 16x16    taps 8-17/13     grouped 18-29/18  torch 2.1/2.3
+#:   Conv1d depthwise k3 d4 L128  taps 1.9/2.0     grouped 2.8-5.4/4.0  torch 2.4/2.8
+#: so: columns up to 9 taps (1x1 and 3x3), the swapped Conv above (the stem), the per-tap
+#: products (:func:`_depthwise_by_taps`) for depthwise, the grouped Conv for other groups
 COLUMNS_MAX_TAPS = 9
 
 
@@ -94,6 +105,8 @@ def _weight_gradient(
     ends = [max((o - 1) * w.strides[k] + w.span(k) - sizes[k] - begin[k], 0) for k, o in enumerate(outs)]
     if group == 1 and int(np.prod(w.kernel)) <= COLUMNS_MAX_TAPS:
         return _by_columns(ctx, x, dy, like, w, [*begin, *ends])
+    if group == ctx.dims(like[0])[1] == ctx.dims(like[1])[1]:  # depthwise: a weight row a channel
+        return _depthwise_by_taps(ctx, x, dy, w, [*begin, *ends], outs, group)
     if group == 1:
         grad = _by_swapped_conv(
             ctx, x, dy, len(sizes), {"strides": w.dilations, "dilations": w.strides, "pads": [*begin, *ends]}
@@ -130,6 +143,37 @@ def _by_columns(ctx: Context, x: str, dy: str, like: tuple[str, str], w: Window,
     rows = ctx.reshape(ctx.transpose(dy, first), [m, -1])
     grad = ctx.op("Gemm", [rows, columns], transB=1)  # [M, K C]
     return ctx.transpose(ctx.reshape(grad, [m, *w.kernel, c]), [0, rank + 1, *range(1, rank + 1)])
+
+
+def _taps(ctx: Context, x: str, w: Window, pads: Sequence[int], outs: Sequence[int]) -> list[str]:
+    """Each kernel tap's strided slice of ``x`` (``[A, B, *S]``, padded by ``pads``): the
+    inputs ``[A, B, *O]`` that the windows' outputs ``outs`` meet at that tap."""
+    rank = len(outs)
+    if any(pads):
+        x = ctx.op("Pad", [x, ctx.ints([0, 0, *pads[:rank], 0, 0, *pads[rank:]])])
+    axes, steps = ctx.ints(range(2, rank + 2)), ctx.ints(w.strides)
+    taps = []
+    for tap in np.ndindex(*w.kernel):
+        lo = [t * d for t, d in zip(tap, w.dilations)]
+        hi = [b + (o - 1) * s + 1 for b, o, s in zip(lo, outs, w.strides)]
+        taps.append(ctx.op("Slice", [x, ctx.ints(lo), ctx.ints(hi), axes, steps]))
+    return taps
+
+
+def _depthwise_by_taps(
+    ctx: Context, x: str, dy: str, w: Window, pads: Sequence[int], outs: Sequence[int], channels: int
+) -> str:
+    """Depthwise dW (one weight row a channel): per tap, its slice of X times dY summed per
+    channel (channels first, ``[C, N P]``), the taps' ``[C, 1]`` concatenated. A batched MatMul
+    per tap (``[C, 1, N P] @ [C, N P, 1]``) took 3x longer, one Mul of all taps stacked 2x."""
+    first = [1, 0, *range(2, len(outs) + 2)]
+    rows = ctx.reshape(ctx.transpose(dy, first), [channels, -1])
+    dots = [
+        ctx.reduce_sum(ctx.op("Mul", [ctx.reshape(tap, [channels, -1]), rows]), [1])
+        for tap in _taps(ctx, ctx.transpose(x, first), w, pads, outs)
+    ]
+    grad = ctx.op("Concat", dots, axis=1) if len(dots) > 1 else dots[0]
+    return ctx.reshape(grad, [channels, 1, *w.kernel])
 
 
 def _by_swapped_conv(ctx: Context, x: str, dy: str, rank: int, swapped: dict[str, list[int]]) -> str:
