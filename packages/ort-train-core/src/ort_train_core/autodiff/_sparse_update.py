@@ -33,6 +33,18 @@ def _scatter_add(node: onnx.NodeProto | None) -> bool:
     return any(a.name == "reduction" and a.s == b"add" for a in node.attribute)
 
 
+def _through_identities(
+    name: str, producers: dict[str, onnx.NodeProto], uses: Counter[str]
+) -> tuple[str, list[onnx.NodeProto]]:
+    """The value behind ``name``'s chain of single-use Identity nodes (the gradient graph names
+    each gradient by one), and those nodes."""
+    chain = []
+    while name in producers and producers[name].op_type == "Identity" and uses[name] == 1:
+        chain.append(producers[name])
+        name = producers[name].input[0]
+    return name, chain
+
+
 def _match(
     sub: onnx.NodeProto, producers: dict[str, onnx.NodeProto], uses: Counter[str], weights: set[str]
 ) -> tuple[list[onnx.NodeProto], onnx.NodeProto] | None:
@@ -43,10 +55,8 @@ def _match(
     mul = producers.get(sub.input[1])
     if mul is None or mul.op_type != "Mul" or uses[mul.output[0]] != 1 or len(mul.input) != 2:
         return None
-    grad, chain = mul.input[1], [mul]
-    while grad in producers and producers[grad].op_type == "Identity" and uses[grad] == 1:
-        chain.append(producers[grad])  # the gradient graph names each gradient by an Identity
-        grad = producers[grad].input[0]
+    grad, identities = _through_identities(mul.input[1], producers, uses)
+    chain = [mul, *identities]
     scatter = producers.get(grad)
     if not _scatter_add(scatter) or uses[grad] != 1:
         return None

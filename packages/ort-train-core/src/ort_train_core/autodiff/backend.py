@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, helper
 
+from .._auto_pad import explicit_conv_pads
 from .._binding import io_binding
 from .._builder import NodeBuilder
 from .._gradient import ForwardBackwardGraphs, FusedStepSignature, fused_step_from_gradients
@@ -38,6 +39,7 @@ from ..graph import (
 )
 from ..learning_rate import BaseLearningRate
 from ._context import StaticInfo
+from ._gemm_update import gemm_weight_updates
 from ._sparse_update import sparse_embedding_updates
 from ._walk import active_values, checked_path, live_nodes, reverse_pass, static_info
 from .rules.recurrent import time_major
@@ -111,6 +113,7 @@ class OnnxBackend:
         gradients = self.gradient_graph(loss_model, loss_name, weights)
         step, signature = fused_step_from_gradients(gradients, loss_name, weights, learning_rate)
         sparse_embedding_updates(step, set(weights))  # embeddings' SGD: only the gathered rows
+        gemm_weight_updates(step, set(weights))  # a Gemm's weight: W + (-lr A)^T B in the Gemm
         return step, signature
 
     def forward_backward(
@@ -169,7 +172,8 @@ def _opset(model: ModelProto) -> int:
 
 def with_gradient_opset(model: ModelProto) -> ModelProto:
     """A copy of ``model`` at opset 17 or more (onnx's version converter below it), IR <= 10,
-    its batch-first recurrences time first (:func:`.rules.recurrent.time_major`)."""
+    its batch-first recurrences time first (:func:`.rules.recurrent.time_major`), its SAME
+    convolutions with explicit pads (onnxruntime 1.19 runs no SAME Conv with dilations)."""
     if _opset(model) < MIN_GRADIENT_OPSET:
         from onnx import version_converter
 
@@ -180,7 +184,7 @@ def with_gradient_opset(model: ModelProto) -> ModelProto:
         out.CopyFrom(model)
     out.ir_version = min(out.ir_version, MAX_IR_VERSION)
     time_major(out)
-    return out
+    return explicit_conv_pads(out)
 
 
 def _retype_converted_bounds(model: ModelProto, types: Mapping[str, int]) -> None:
