@@ -14,6 +14,7 @@ the positions its ``Indices`` output gives (``ScatterElements``, 2.5x faster tha
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -59,7 +60,7 @@ def _spatial(ctx: Context, name: str) -> list[int]:
     return list(ctx.shape(name)[2:])
 
 
-def _transposed_window(w: Window, sizes: Sequence[int], out_sizes: Sequence[int]) -> dict[str, list[int]]:
+def _transposed_window(w: Window, sizes: Sequence[int], out_sizes: Sequence[int]) -> dict[str, Any]:
     """Attributes of the ConvTranspose that maps a window's outputs (``out_sizes``) back onto
     its inputs (``sizes``): the same strides, dilations and begin pads, the end pads and
     output padding that give exactly ``sizes`` (a last window may leave rows out)."""
