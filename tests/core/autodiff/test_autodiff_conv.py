@@ -8,11 +8,20 @@ small CNN trained by the full loop on backend='onnx' against torch SGD.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
 import pytest
-from autodiff_oracle import Graph, check_against_finite_differences, check_against_torch, rng_for, values
+from autodiff_oracle import (
+    Graph,
+    build,
+    check_against_finite_differences,
+    check_against_torch,
+    gradient_model,
+    rng_for,
+    values,
+)
 from onnx import helper
 
 CASES: list[Graph] = []
@@ -251,6 +260,28 @@ def test_conv_rule_against_torch(graph: Graph) -> None:
 @pytest.mark.parametrize("graph", CASES, ids=IDS)
 def test_conv_rule_against_finite_differences(graph: Graph) -> None:
     check_against_finite_differences(graph)
+
+
+@pytest.mark.parametrize(
+    ("op", "attrs", "message"),
+    [
+        ("LpPool", {"kernel_shape": [2, 2]}, "no gradient rule for operator LpPool (node 'refused_node')"),
+        (
+            "MaxPool",
+            {"kernel_shape": [2, 2], "storage_order": 1},
+            "MaxPool with storage_order=0; node 'refused_node' has storage_order=1",
+        ),
+    ],
+)
+def test_unsupported_pool_forms_are_refused_naming_the_node(
+    op: str, attrs: dict[str, Any], message: str
+) -> None:
+    from ort_train_core.exceptions import GraphNotDifferentiableError
+
+    node = helper.make_node(op, ["X"], ["Y"], name="refused_node", **attrs)
+    model, _ = build(Graph("refused", [node], {"X": _x("refused", (1, 2, 4, 4))}, None))
+    with pytest.raises(GraphNotDifferentiableError, match=re.escape(message)):
+        gradient_model(model, ["X"])
 
 
 def test_small_cnn_trains_as_torch_on_the_onnx_backend() -> None:
