@@ -39,7 +39,8 @@ class Window:
         auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else str(auto_pad)
         if auto_pad in ("SAME_UPPER", "SAME_LOWER") and node.op_type != "ConvTranspose":
             w_dims = ctx.shape(node.input[1]) if node.op_type == "Conv" else None
-            pads = same_pads(node, ctx.shape(node.input[0]), w_dims)
+            x_dims = [d if isinstance(d, int) else None for d in ctx.dims(node.input[0])]
+            pads = same_pads(node, x_dims, w_dims)
             assert pads is not None  # static shapes
             self.pads = pads
         elif auto_pad == "VALID":
@@ -57,7 +58,19 @@ class Window:
 
 
 def _spatial(ctx: Context, name: str) -> list[int]:
-    return list(ctx.shape(name)[2:])
+    """The static spatial sizes of ``name`` (the batch axis may be symbolic)."""
+    sizes = ctx.dims(name)[2:]
+    if not all(isinstance(d, int) for d in sizes):
+        ctx.shape(name)  # refuses, naming the value
+    return [int(d) for d in sizes]  # type: ignore[arg-type]
+
+
+def _channels(ctx: Context, name: str) -> tuple[int | str | None, int]:
+    """The batch size (maybe symbolic) and the static channel count of ``name``."""
+    dims = ctx.dims(name)
+    if not isinstance(dims[1], int):
+        ctx.shape(name)
+    return dims[0], int(dims[1])  # type: ignore[arg-type]
 
 
 def _transposed_window(w: Window, sizes: Sequence[int], out_sizes: Sequence[int]) -> dict[str, Any]:
@@ -102,7 +115,7 @@ def _weight_gradient(
     """``dW[m, c', k] = sum_{n, o} dY[n, m, o] Xpad[n, g(m) C/g + c', o s + k d]`` for X
     ``[N, C, *S]`` and dY ``[N, M, *O]``, X padded by ``begin`` (and as needed at the end), in
     the form measured fastest for the kernel (``like``: the forward values shaped as X and dY)."""
-    sizes, outs = ctx.shape(like[0])[2:], ctx.shape(like[1])[2:]
+    sizes, outs = _spatial(ctx, like[0]), _spatial(ctx, like[1])
     ends = [max((o - 1) * w.strides[k] + w.span(k) - sizes[k] - begin[k], 0) for k, o in enumerate(outs)]
     if group == 1 and int(np.prod(w.kernel)) <= COLUMNS_MAX_TAPS:
         return _by_columns(ctx, x, dy, like, w, [*begin, *ends])
@@ -125,8 +138,8 @@ def _weight_gradient(
 def _by_columns(ctx: Context, x: str, dy: str, like: tuple[str, str], w: Window, pads: Sequence[int]) -> str:
     """dW as one Gemm: dY ``[M, N P]`` by the columns ``[K C, N P]``, each tap's strided slice
     of the padded X (channels first)."""
-    n, c, *sizes = ctx.shape(like[0])
-    _, m, *outs = ctx.shape(like[1])
+    (_, c), (_, m) = _channels(ctx, like[0]), _channels(ctx, like[1])
+    sizes, outs = _spatial(ctx, like[0]), _spatial(ctx, like[1])
     rank = len(sizes)
     first = [1, 0, *range(2, rank + 2)]
     xt = ctx.transpose(x, first)  # [C, N, *S]
@@ -138,9 +151,7 @@ def _by_columns(ctx: Context, x: str, dy: str, like: tuple[str, str], w: Window,
         lo = [t * d for t, d in zip(tap, w.dilations)]
         hi = [b + (o - 1) * s + 1 for b, o, s in zip(lo, outs, w.strides)]
         taps.append(ctx.op("Slice", [xt, ctx.ints(lo), ctx.ints(hi), axes, steps]))
-    columns = ctx.reshape(
-        ctx.op("Concat", taps, axis=0) if len(taps) > 1 else taps[0], [-1, n * int(np.prod(outs))]
-    )
+    columns = ctx.reshape(ctx.op("Concat", taps, axis=0) if len(taps) > 1 else taps[0], [len(taps) * c, -1])
     rows = ctx.reshape(ctx.transpose(dy, first), [m, -1])
     grad = ctx.op("Gemm", [rows, columns], transB=1)  # [M, K C]
     return ctx.transpose(ctx.reshape(grad, [m, *w.kernel, c]), [0, rank + 1, *range(1, rank + 1)])
@@ -177,7 +188,7 @@ def _depthwise_by_taps(
     return ctx.reshape(grad, [channels, 1, *w.kernel])
 
 
-def _by_swapped_conv(ctx: Context, x: str, dy: str, rank: int, swapped: dict[str, list[int]]) -> str:
+def _by_swapped_conv(ctx: Context, x: str, dy: str, rank: int, swapped: dict[str, Any]) -> str:
     """dW as a Conv with the batch axis as the channels: [C, N, *S] by [M, N, *O] -> [C, M, *K']."""
     first = [1, 0, *range(2, rank + 2)]
     full = ctx.op("Conv", [ctx.transpose(x, first), ctx.transpose(dy, first)], **swapped)
@@ -189,16 +200,18 @@ def _by_groups(
 ) -> str:
     """dW as a Conv of the rows ``[1, N C, *S]`` as ``N C`` groups by dY repeated over each
     group's ``C/g`` channels (depthwise: no copy)."""
-    n, c, *sizes = ctx.shape(like[0])
-    _, m, *outs = ctx.shape(like[1])
+    (n, c), (_, m) = _channels(ctx, like[0]), _channels(ctx, like[1])
+    sizes, outs = _spatial(ctx, like[0]), _spatial(ctx, like[1])
     rank = len(sizes)
     per_in, per_out = c // group, m // group
+    if not isinstance(n, int):  # a free batch: one swapped Conv per group
+        return _by_group_split(ctx, (x, c), (dy, m), group, rank, w, pads)
     rows = ctx.reshape(x, [1, n * c, *sizes])
     dyg = ctx.reshape(dy, [n, group, 1, per_out, *outs])
     if per_in > 1:
         dyg = ctx.op("Expand", [dyg, ctx.ints([n, group, per_in, per_out, *outs])])
     kernels = ctx.reshape(dyg, [n * c * per_out, 1, *outs])
-    swapped = {"strides": w.dilations, "dilations": w.strides, "pads": list(pads)}
+    swapped: dict[str, Any] = {"strides": w.dilations, "dilations": w.strides, "pads": list(pads)}
     full = ctx.op("Conv", [rows, kernels], group=n * c, **swapped)
     spans = _full_sizes(sizes, outs, w, pads[:rank], pads[rank:])
     summed = ctx.reduce_sum(ctx.reshape(full, [n, group, per_in, per_out, *spans]), [0], keepdims=0)
@@ -215,6 +228,30 @@ def _full_sizes(
     ]
 
 
+def _by_group_split(
+    ctx: Context,
+    x: tuple[str, int],
+    dy: tuple[str, int],
+    group: int,
+    rank: int,
+    w: Window,
+    pads: Sequence[int],
+) -> str:
+    """dW of a grouped weight with a free batch: the swapped Conv of each group's channels,
+    the groups' gradients concatenated (``x``, ``dy``: a value and its channel count)."""
+    swapped: dict[str, Any] = {"strides": w.dilations, "dilations": w.strides, "pads": list(pads)}
+    parts = zip(_split(ctx, x, group), _split(ctx, dy, group))
+    return ctx.op("Concat", [_by_swapped_conv(ctx, a, b, rank, swapped) for a, b in parts], axis=0)
+
+
+def _split(ctx: Context, x: tuple[str, int], parts: int) -> list[str]:
+    """``x`` (a value and its channel count) split in ``parts`` equal parts along the channels."""
+    names = [ctx.b.name(f"{x[0]}_part") for _ in range(parts)]
+    sizes = ctx.ints([x[1] // parts] * parts)
+    ctx.b.nodes.append(onnx.helper.make_node("Split", [x[0], sizes], names, axis=1))
+    return names
+
+
 def _bias_gradient(ctx: Context, dy: str, rank: int) -> str:
     return ctx.reduce_sum(dy, [0, *range(2, rank)], keepdims=0)
 
@@ -225,7 +262,7 @@ def _conv(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     assert dy is not None
     x, weight = node.input[0], node.input[1]
     group = int(attr(node, "group", 1))
-    w = Window(ctx, node, ctx.shape(weight)[2:])
+    w = Window(ctx, node, _spatial(ctx, weight))
     dx = dw = db = None
     if ctx.needs(x):  # dX = ConvTranspose(dY, W): the window's transpose
         t = _transposed_window(w, _spatial(ctx, x), _spatial(ctx, node.output[0]))
@@ -265,7 +302,7 @@ def _conv_transpose(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     assert dy is not None
     x, weight = node.input[0], node.input[1]
     group = int(attr(node, "group", 1))
-    w = Window(ctx, node, ctx.shape(weight)[2:])
+    w = Window(ctx, node, _spatial(ctx, weight))
     begin = _conv_transpose_begin(ctx, node, w)
     sizes, outs = _spatial(ctx, x), _spatial(ctx, node.output[0])
     dx = dw = db = None
@@ -302,7 +339,7 @@ def _max_pool(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     # dX: dY added at each window's maximum (Indices: flat positions in the whole of X)
     flat = ctx.op(
         "ScatterElements",
-        [ctx.zeros([int(np.prod(ctx.shape(x)))], like=x), ctx.reshape(indices, [-1]), ctx.reshape(dy, [-1])],
+        [ctx.reshape(ctx.zeros_like(x), [-1]), ctx.reshape(indices, [-1]), ctx.reshape(dy, [-1])],
         axis=0,
         reduction="add",
     )
@@ -330,7 +367,7 @@ def _average_pool(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     assert dy is not None
     x = node.input[0]
     w = _pool_window(ctx, node)
-    _, c, *sizes = ctx.shape(x)
+    (_, c), sizes = _channels(ctx, x), _spatial(ctx, x)
     outs = _spatial(ctx, node.output[0])
     counts = _window_counts(w, sizes, outs, bool(attr(node, "count_include_pad", 0)))
     # dX = ConvTranspose(dY / count, ones) per channel (group = C)
@@ -355,6 +392,7 @@ def _global_max_pool(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     (dy,) = dys
     assert dy is not None
     x = node.input[0]
-    # dY to every position holding the maximum (a tie shares it whole; torch picks one)
+    # dY to the positions holding the maximum, ties sharing it evenly (as ReduceMax's rule)
     hit = ctx.op("Cast", [ctx.op("Equal", [x, node.output[0]])], to=ctx.dtype(x))
-    return [ctx.op("Mul", [hit, dy])]
+    ties = ctx.reduce_sum(hit, list(range(2, ctx.rank(x))), keepdims=1)
+    return [ctx.op("Mul", [hit, ctx.op("Div", [dy, ties])])]
