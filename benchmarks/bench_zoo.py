@@ -441,9 +441,9 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         common.machine_line(info),
         "",
-        text
-        + "Cells: us/step (ratio to torch's in the same process; lower is faster); 'fails' when the route "
-        "cannot train the architecture (see below). The 1-minute load average during each case: "
+        text + "Cells: us/step (ratio to torch's in the same process; lower is faster); 'fails' when the "
+        "route cannot train the architecture (see below), '—' where not run. The 1-minute load average "
+        "during each case: "
         + common.load_text([{**c, "name": f"{c['name']}/{c['threads']}"} for c in cases]),
         "",
     ]
@@ -455,6 +455,8 @@ def markdown(report: dict[str, Any]) -> str:
             f"{r[x]['us_per_step']:,.0f} ({r[x]['ratio_vs_torch']:.2f}x)"
             if r.get(x, {}).get("ratio_vs_torch")
             else "fails"
+            if x in c["failed"]
+            else "—"  # not run there
             for x in routes
         ]
         rows.append([c["name"], str(c["threads"]), *cells, f"<= {target}x" if target else "—"])
