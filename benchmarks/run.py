@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     forwarded = ["--out", str(args.out)] + (["--quick"] if args.quick else [])
     for name in args.only or TARGET_SCRIPTS:
         argv = forwarded + (
-            ["--real", *(["--only", "mlp"] if args.quick else [])] if name == "bench_zoo_real" else []
+            ["--real", *(["--only", "mlp-784"] if args.quick else [])] if name == "bench_zoo_real" else []
         )
         print(f"\n==== {name} {' '.join(argv)}", flush=True)
         module = name.removesuffix("_real")
