@@ -9,9 +9,9 @@ fewer values than the two passes over the weight (batch rows below the weight's 
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
-import numpy as np
 import onnx
 from onnx import helper
 
@@ -22,8 +22,10 @@ def _numel(info: dict[str, onnx.ValueInfoProto], name: str) -> int | None:
     vi = info.get(name)
     if vi is None or not vi.type.tensor_type.HasField("shape"):
         return None
-    dims = [d.dim_value if d.HasField("dim_value") else None for d in vi.type.tensor_type.shape.dim]
-    return None if None in dims else int(np.prod(dims))
+    dims = vi.type.tensor_type.shape.dim
+    if not all(d.HasField("dim_value") for d in dims):
+        return None
+    return int(math.prod(d.dim_value for d in dims))
 
 
 def _plain_gemm(node: onnx.NodeProto | None) -> bool:
