@@ -88,8 +88,7 @@ class Case:
     @property
     def expected_refusal(self) -> str | None:
         """The refusal the default backend must give: ``refused`` for onnxruntime-training;
-        for the ``onnx`` backend, the operators it has no rule for (issue 28 adds convolution,
-        pooling, normalisation and recurrences), named with their node."""
+        for the ``onnx`` backend, the operators it has no rule for, named with their node."""
         from ort_train_core._backends import default_backend
 
         if default_backend().name == "onnxruntime-training":

@@ -25,7 +25,6 @@ from onnx import numpy_helper
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
-from backend_support import training_build_only  # noqa: E402
 from ort_train_core.graph import MAX_IR_VERSION  # noqa: E402
 
 CHANNELS, SIDE, BATCH, STEPS, LR = 3, 16, 4, 3, 0.01
@@ -170,7 +169,6 @@ _TRAIN = textwrap.dedent(
 )
 
 
-@training_build_only("Conv and BatchNormalization rules come with issue 28")
 def test_eval_mode_resnet_trains_in_the_full_loop_as_torch(tmp_path: Path) -> None:
     torch.manual_seed(0)
     rng = np.random.default_rng(0)

@@ -180,8 +180,6 @@ def test_gradients_match_torch(name: str, route: str, data: Any) -> None:
 def test_forward_output_matches_torch(name: str, data: Any) -> None:
     """The training forward's output (the graph the gradient rewrites changed) is the graph's."""
     case = _draw(name, data)
-    if case.expected_refusal is not None and default_backend().name == "onnx":
-        pytest.skip("the onnx backend has no rule for this family yet (issue 28)")
     assume(case.expected_refusal is None)
     grad_output = output_gradient(case)
     expected_out, _ = torch_vjp(case, grad_output)

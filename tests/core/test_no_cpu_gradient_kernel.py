@@ -14,7 +14,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import ort_train_core as otc
+from backend_support import training_build_only
 from ort_train_core.exceptions import GraphNotDifferentiableError
+
+_DIFFERENTIATED = (
+    "the onnx backend differentiates Resize and ConvTranspose (tests/core/autodiff, the zoo's UNet)"
+)
 
 
 def _model(op: str) -> tuple[onnx.ModelProto, np.ndarray, np.ndarray]:
@@ -63,6 +68,7 @@ def _train(route: str, model: onnx.ModelProto, X: np.ndarray, y: np.ndarray) -> 
         fb.backward([y])
 
 
+@training_build_only(_DIFFERENTIATED)
 @pytest.mark.parametrize("route", ["full", "partial", "forward_backward"])
 @pytest.mark.parametrize("op", ["Resize", "ConvTranspose"])
 def test_no_cpu_gradient_kernel_is_named(op: str, route: str) -> None:
@@ -71,6 +77,7 @@ def test_no_cpu_gradient_kernel_is_named(op: str, route: str) -> None:
         _train(route, model, X, y)
 
 
+@training_build_only(_DIFFERENTIATED)
 def test_onnx_module_names_the_missing_kernel() -> None:
     """OnnxModule (the forward/backward pair) says the same."""
     torch: Any = pytest.importorskip("torch")

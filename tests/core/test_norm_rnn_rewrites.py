@@ -28,6 +28,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 torch = pytest.importorskip("torch")
 
+from backend_support import training_build_only  # noqa: E402
 from norm_rnn_support import BATCH, LR, data, export, make_net, torch_sgd  # noqa: E402
 from ort_train_core import (  # noqa: E402
     Callback,
@@ -258,6 +259,9 @@ _REFUSALS = {
 }
 
 
+@training_build_only(
+    "the training build's kernels; the onnx backend's refusals: test_autodiff_recurrent.py"
+)
 @pytest.mark.parametrize("route", ["forward/backward", "full"])
 @pytest.mark.parametrize("what", sorted(_REFUSALS))
 def test_what_the_training_kernels_do_not_compute_is_refused(what: str, route: str) -> None:

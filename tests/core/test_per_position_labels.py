@@ -445,8 +445,11 @@ def test_labels_of_other_positions_are_refused_at_the_first_step(loop, labels):
     """Images of open size: a [N, 5, 1] label map broadcast against [N, 3, 5, 6] logits and
     trained silently; a [N, 6, 5] one would mix positions up. Both stop at the first step,
     the weights untouched."""
+    from backend_support import BACKEND
     from ort_train_core.exceptions import TrainingStepError
 
+    if loop == "full" and BACKEND == "onnx":
+        pytest.skip("the onnx backend's full loop fixes the batch only: an open image size is refused")
     model = _open_size_head()
     rng = np.random.default_rng(10)
     X = rng.normal(size=(8, 3, 5, 6)).astype(np.float32)

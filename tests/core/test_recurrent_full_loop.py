@@ -17,6 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
+from backend_support import training_build_only  # noqa: E402
 from batchnorm_support import export_training  # noqa: E402
 from ort_train_core import Callback, GraphNotDifferentiableError, OrtGradientOptimizer, add_loss_output  # noqa: E402
 from ort_train_core._ort_training import OrtTrainingBackend  # noqa: E402
@@ -109,6 +110,7 @@ def test_recurrent_gradient_graph_is_one_plain_graph() -> None:
     assert {"loss", *(f"{w}_grad" for w in weights)} <= outputs
 
 
+@training_build_only("the onnx backend differentiates RNN (tests/core/autodiff/test_autodiff_recurrent.py)")
 def test_operator_without_gradient_in_either_builder_is_named() -> None:
     """nn.RNN (an RNN node) has a gradient in neither of onnxruntime's builders: the full loop's
     error names the operator and the node, without onnxruntime's C++ text."""
