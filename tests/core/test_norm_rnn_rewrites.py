@@ -259,9 +259,7 @@ _REFUSALS = {
 }
 
 
-@training_build_only(
-    "the training build's kernels; the onnx backend's refusals: test_autodiff_recurrent.py"
-)
+@training_build_only("the training build's kernels; the onnx backend's refusals: test_autodiff_recurrent.py")
 @pytest.mark.parametrize("route", ["forward/backward", "full"])
 @pytest.mark.parametrize("what", sorted(_REFUSALS))
 def test_what_the_training_kernels_do_not_compute_is_refused(what: str, route: str) -> None:
