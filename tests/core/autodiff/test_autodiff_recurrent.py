@@ -29,6 +29,8 @@ from ort_train_core.exceptions import GraphNotDifferentiableError
 
 torch = pytest.importorskip("torch")
 
+from batchnorm_support import export_training  # noqa: E402
+
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 #: ONNX gate blocks in torch's order: LSTM i o f c -> i f g o; GRU z r h -> r z n
 TORCH_ORDER = {"LSTM": [0, 2, 3, 1], "GRU": [1, 0, 2], "RNN": [0]}
@@ -280,30 +282,6 @@ class Regressor(torch.nn.Module):
         return self.head(out[:, -1])
 
 
-def _export(net: Any, x: np.ndarray) -> Any:
-    import io
-    import warnings
-
-    import onnx
-
-    buffer = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the exporter's deprecation and tracer warnings
-        torch.onnx.export(
-            net,
-            (torch.from_numpy(x),),
-            buffer,
-            dynamo=False,
-            training=torch.onnx.TrainingMode.TRAINING,
-            do_constant_folding=False,
-            opset_version=17,
-            input_names=["X"],
-            output_names=["Y"],
-            dynamic_axes={"X": {0: "N"}, "Y": {0: "N"}},
-        )
-    return onnx.load_from_string(buffer.getvalue())
-
-
 @pytest.mark.parametrize(
     ("cell", "layers", "bidirectional"), [("lstm", 2, False), ("gru", 1, True), ("rnn", 1, False)]
 )
@@ -324,7 +302,7 @@ def test_exported_regressor_trains_like_torch_sgd(cell: str, layers: int, bidire
     x = rng.standard_normal((16, 6, 3)).astype(np.float32)
     y = rng.standard_normal((16, 1)).astype(np.float32)
     net = Regressor(cell, layers, bidirectional)
-    model = _export(net, x)
+    model = export_training(net, torch.from_numpy(x))
     assert sum(n.op_type == cell.upper() for n in model.graph.node) == layers
     record = Losses()
     trainer = OrtGradientOptimizer(

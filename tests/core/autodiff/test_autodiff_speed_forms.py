@@ -3,7 +3,10 @@ benchmarks/bench_backends.py), each still equal to a numpy reference."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -40,36 +43,48 @@ def test_relu_gradient_is_a_product_by_its_mask_not_a_where() -> None:
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
 
 
-def test_embedding_sgd_update_scatters_the_gathered_rows_into_the_table() -> None:
-    # W - lr * ScatterND(zeros, ids, dY) read and wrote BERT's 30522 x 256 table four times a
-    # step (zeros, scatter, Mul, Sub: 20 ms of 550 on one thread); the fused step writes
-    # ScatterND(W, ids, -lr * dY) instead. Repeated ids add up, as torch's dense embedding grad
+def _sgd_step(
+    first: onnx.NodeProto, inputs: list[onnx.ValueInfoProto], R: np.ndarray
+) -> tuple[onnx.ModelProto, Any]:
+    """The onnx backend's fused SGD step (lr 0.1) of ``loss = sum(first's output * R)``,
+    training the input ``W``."""
     from ort_train_core._runtime import parse_device
     from ort_train_core.learning_rate import LearningRateSGD
 
-    rng = np.random.default_rng(0)
-    W = rng.standard_normal((50, 8)).astype(np.float32)
-    ids = np.array([[3, 7, 3], [49, 0, 3]], dtype=np.int64)  # 3 three times
-    R = rng.standard_normal((2, 3, 8)).astype(np.float32)
     nodes = [
-        helper.make_node("Gather", ["W", "ids"], ["E"]),
-        helper.make_node("Mul", ["E", "R"], ["P"]),
+        first,
+        helper.make_node("Mul", [first.output[0], "R"], ["P"]),
         helper.make_node("ReduceSum", ["P"], ["loss"], keepdims=0),
     ]
     graph = helper.make_graph(
         nodes,
-        "embedding",
-        [
-            helper.make_tensor_value_info("W", TensorProto.FLOAT, [50, 8]),
-            helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 3]),
-        ],
+        "step",
+        inputs,
         [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
         [numpy_helper.from_array(R, "R")],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     lr = LearningRateSGD(eta0=0.1, learning_rate="constant")
-    step, sig = OnnxBackend().fused_step(model, "loss", ["W"], lr, parse_device("cpu"))
+    return OnnxBackend().fused_step(model, "loss", ["W"], lr, parse_device("cpu"))
+
+
+def test_embedding_sgd_update_scatters_the_gathered_rows_into_the_table() -> None:
+    # W - lr * ScatterND(zeros, ids, dY) read and wrote BERT's 30522 x 256 table four times a
+    # step (zeros, scatter, Mul, Sub: 20 ms of 550 on one thread); the fused step writes
+    # ScatterND(W, ids, -lr * dY) instead. Repeated ids add up, as torch's dense embedding grad
+    rng = np.random.default_rng(0)
+    W = rng.standard_normal((50, 8)).astype(np.float32)
+    ids = np.array([[3, 7, 3], [49, 0, 3]], dtype=np.int64)  # 3 three times
+    R = rng.standard_normal((2, 3, 8)).astype(np.float32)
+    step, sig = _sgd_step(
+        helper.make_node("Gather", ["W", "ids"], ["E"]),
+        [
+            helper.make_tensor_value_info("W", TensorProto.FLOAT, [50, 8]),
+            helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 3]),
+        ],
+        R,
+    )
     ops = [n.op_type for n in step.graph.node]
     assert "ConstantOfShape" not in ops
     assert "Sub" not in ops
@@ -86,32 +101,18 @@ def test_gemm_weight_sgd_update_is_written_by_the_gemm_itself() -> None:
     # W - lr * Gemm(dY, X, transA) passed twice more over the weight after the product (15 % of
     # the 784-512-512-10 MLP's one-thread step, batch 128): the fused step writes
     # Gemm(-lr * dY, X, C=W, beta=1), the smaller operand scaled (3.9 -> 3.6 ms a step, 1.32)
-    from ort_train_core._runtime import parse_device
-    from ort_train_core.learning_rate import LearningRateSGD
-
     rng = np.random.default_rng(0)
     X = rng.standard_normal((4, 6)).astype(np.float32)
     W = rng.standard_normal((5, 6)).astype(np.float32)
     R = rng.standard_normal((4, 5)).astype(np.float32)
-    nodes = [
+    step, sig = _sgd_step(
         helper.make_node("Gemm", ["X", "W"], ["Z"], transB=1),
-        helper.make_node("Mul", ["Z", "R"], ["P"]),
-        helper.make_node("ReduceSum", ["P"], ["loss"], keepdims=0),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "linear",
         [
             helper.make_tensor_value_info("X", TensorProto.FLOAT, [4, 6]),
             helper.make_tensor_value_info("W", TensorProto.FLOAT, [5, 6]),
         ],
-        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
-        [numpy_helper.from_array(R, "R")],
+        R,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    lr = LearningRateSGD(eta0=0.1, learning_rate="constant")
-    step, sig = OnnxBackend().fused_step(model, "loss", ["W"], lr, parse_device("cpu"))
     assert "Sub" not in [n.op_type for n in step.graph.node]
     update = next(n for n in step.graph.node if n.output[0] == sig.new_weights[0])
     assert update.op_type == "Gemm"

@@ -142,15 +142,7 @@ def _by_columns(ctx: Context, x: str, dy: str, like: tuple[str, str], w: Window,
     sizes, outs = _spatial(ctx, like[0]), _spatial(ctx, like[1])
     rank = len(sizes)
     first = [1, 0, *range(2, rank + 2)]
-    xt = ctx.transpose(x, first)  # [C, N, *S]
-    if any(pads):
-        xt = ctx.op("Pad", [xt, ctx.ints([0, 0, *pads[:rank], 0, 0, *pads[rank:]])])
-    axes, steps = ctx.ints(range(2, rank + 2)), ctx.ints(w.strides)
-    taps = []
-    for tap in np.ndindex(*w.kernel):
-        lo = [t * d for t, d in zip(tap, w.dilations)]
-        hi = [b + (o - 1) * s + 1 for b, o, s in zip(lo, outs, w.strides)]
-        taps.append(ctx.op("Slice", [xt, ctx.ints(lo), ctx.ints(hi), axes, steps]))
+    taps = _taps(ctx, ctx.transpose(x, first), w, pads, outs)  # each [C, N, *O]
     columns = ctx.reshape(ctx.op("Concat", taps, axis=0) if len(taps) > 1 else taps[0], [len(taps) * c, -1])
     rows = ctx.reshape(ctx.transpose(dy, first), [m, -1])
     grad = ctx.op("Gemm", [rows, columns], transB=1)  # [M, K C]
