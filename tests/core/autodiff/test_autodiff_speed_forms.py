@@ -97,33 +97,6 @@ def test_embedding_sgd_update_scatters_the_gathered_rows_into_the_table() -> Non
     np.testing.assert_allclose(got, W - 0.1 * dense, rtol=1e-6, atol=1e-6)
 
 
-def test_gemm_weight_sgd_update_is_written_by_the_gemm_itself() -> None:
-    # W - lr * Gemm(dY, X, transA) passed twice more over the weight after the product (15 % of
-    # the 784-512-512-10 MLP's one-thread step, batch 128): the fused step writes
-    # Gemm(-lr * dY, X, C=W, beta=1), the smaller operand scaled (3.9 -> 3.6 ms a step, 1.32)
-    rng = np.random.default_rng(0)
-    X = rng.standard_normal((4, 6)).astype(np.float32)
-    W = rng.standard_normal((5, 6)).astype(np.float32)
-    R = rng.standard_normal((4, 5)).astype(np.float32)
-    step, sig = _sgd_step(
-        helper.make_node("Gemm", ["X", "W"], ["Z"], transB=1),
-        [
-            helper.make_tensor_value_info("X", TensorProto.FLOAT, [4, 6]),
-            helper.make_tensor_value_info("W", TensorProto.FLOAT, [5, 6]),
-        ],
-        R,
-    )
-    assert "Sub" not in [n.op_type for n in step.graph.node]
-    update = next(n for n in step.graph.node if n.output[0] == sig.new_weights[0])
-    assert update.op_type == "Gemm"
-    assert update.input[2] == "W"
-    sess = ort.InferenceSession(step.SerializeToString(), providers=["CPUExecutionProvider"])
-    feeds = {"X": X, "W": W, sig.scalars[0]: np.array(0.1, dtype=np.float32)}
-    (got,) = sess.run([sig.new_weights[0]], feeds)
-    expected = W - 0.1 * (R.astype(np.float64).T @ X.astype(np.float64))
-    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
-
-
 def test_erf_gradient_puts_its_factor_in_the_exponent() -> None:
     # dY * exp(ln(2/sqrt(pi)) - X^2): four passes over X, not five (Neg and the factor's Mul
     # become one Sub); BERT-mini's exported GELU runs it on 16x128x1024 per layer

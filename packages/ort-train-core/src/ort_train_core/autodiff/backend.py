@@ -39,7 +39,6 @@ from ..graph import (
 )
 from ..learning_rate import BaseLearningRate
 from ._context import StaticInfo
-from ._gemm_update import gemm_weight_updates
 from ._sparse_update import sparse_embedding_updates
 from ._walk import active_values, checked_path, live_nodes, reverse_pass, static_info
 from .rules.recurrent import time_major
@@ -113,7 +112,6 @@ class OnnxBackend:
         gradients = self.gradient_graph(loss_model, loss_name, weights)
         step, signature = fused_step_from_gradients(gradients, loss_name, weights, learning_rate)
         sparse_embedding_updates(step, set(weights))  # embeddings' SGD: only the gathered rows
-        gemm_weight_updates(step, set(weights))  # a Gemm's weight: W + (-lr A)^T B in the Gemm
         return step, signature
 
     def forward_backward(
