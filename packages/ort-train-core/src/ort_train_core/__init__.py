@@ -23,6 +23,15 @@ from .exceptions import (
     TrainingRuntimeError,
     TrainingStepError,
 )
+from .export import (
+    StepSignature,
+    export_training_step,
+    model_from_step_state,
+    step_initial_state,
+    step_initial_state_model,
+    step_signature,
+    step_without_defaults,
+)
 from .forward_backward import OrtGradientForwardBackward
 from .graph import (
     add_loss_output,
@@ -93,6 +102,7 @@ __all__ = [
     "ProgressBar",
     "SquareLearningLoss",
     "SquaredHingeLearningLoss",
+    "StepSignature",
     "TrainingRuntimeError",
     "TrainingStepError",
     "__version__",
@@ -102,14 +112,20 @@ __all__ = [
     "default_weights_to_train",
     "describe_non_finite",
     "exclusive_fit",
+    "export_training_step",
     "initializers_to_inputs",
     "inputs_to_initializers",
     "load_model",
+    "model_from_step_state",
     "onnx_derivative",
     "onnxruntime_errors",
     "ortvalue_from_dlpack",
     "parse_device",
     "prediction_graph",
     "set_tf32",
+    "step_initial_state",
+    "step_initial_state_model",
+    "step_signature",
+    "step_without_defaults",
     "tf32_enabled",
 ]

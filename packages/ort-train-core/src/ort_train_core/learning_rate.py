@@ -14,6 +14,7 @@ import numbers
 from typing import Any
 
 import numpy as np
+import onnx
 
 from ._builder import NodeBuilder
 from ._params import ParamsMixin
@@ -158,6 +159,32 @@ class BaseLearningRate(ParamsMixin):
             or not (float(eta0) > 0 and math.isfinite(eta0))
         ):
             raise ValueError(f"eta0 (the learning rate) must be a finite number > 0, got {eta0!r}")
+
+    #: whether :meth:`step_scalar_nodes` reads the count of steps done (Adam's bias corrections)
+    needs_step_count: bool = False
+
+    def step_scalar_nodes(self, b: NodeBuilder, eta: str, step: str | None) -> dict[str, str]:
+        """Emits the scalar inputs of :meth:`update_nodes` from the step's learning rate, for
+        a training step exported as one graph (:func:`~ort_train_core.export_training_step`)
+        where no host computes :meth:`scalar_values`.
+
+        Parameters
+        ----------
+        b : NodeBuilder
+            The builder that collects the nodes.
+        eta : str
+            The 0-d learning-rate input: the factor of the gradient for SGD and momentum (the
+            schedule's value, :meth:`scalar_values`), ``eta`` for Adam.
+        step : str or None
+            The 0-d int64 count of the steps done before this one (None unless
+            :attr:`needs_step_count`).
+
+        Returns
+        -------
+        dict of str to str
+            The graph name of each of :attr:`scalar_names`.
+        """
+        return {"learning_rate": eta}
 
     @property
     def scalars_change_every_step(self) -> bool:
@@ -408,6 +435,23 @@ class LearningRateAdam(BaseLearningRate):
         c2 = np.sqrt(1.0 - float(self.beta2) ** k)
         step_size = self.eta(epoch) * c2 / (1.0 - float(self.beta1) ** k)
         return np.stack([step_size, float(self.epsilon) * c2], axis=1)
+
+    needs_step_count = True
+
+    def step_scalar_nodes(self, b: NodeBuilder, eta: str, step: str | None) -> dict[str, str]:
+        # scalar_table's expressions, in double in the graph as on the host (k = step + 1)
+        assert step is not None
+        f64 = onnx.TensorProto.DOUBLE
+        k = b.op("Add", [b.cast(step, f64), b.const(1.0, "one", dtype=np.float64)], "adam_k")
+        power = {
+            name: b.op("Pow", [b.const(float(getattr(self, name)), name, dtype=np.float64), k])
+            for name in ("beta1", "beta2")
+        }
+        one = b.const(1.0, "one", dtype=np.float64)
+        c2 = b.op("Sqrt", [b.op("Sub", [one, power["beta2"]])], "adam_c2")
+        size = b.op("Div", [b.op("Mul", [b.cast(eta, f64), c2]), b.op("Sub", [one, power["beta1"]])])
+        eps = b.op("Mul", [b.const(float(self.epsilon), "epsilon", dtype=np.float64), c2])
+        return {"step_size": b.cast(size, hint="step_size"), "epsilon_hat": b.cast(eps, hint="epsilon_hat")}
 
     def update_nodes(
         self, b: NodeBuilder, weight: str, grad: str, states: list[str], scalars: dict[str, str]
