@@ -206,6 +206,8 @@ class LossGraphTrainer(BaseOrtTrainer):
 
     #: the record type of the trainer's graphs
     _graphs_type: type[FitGraphs] = FitGraphs
+    #: who the exporter-artefact warning names (None: the class; export_training_step sets it)
+    _caller: str | None = None
 
     def _build_loss_model(self) -> tuple[ModelProto, str]:
         """The loss graph and its loss output, from ``model_onnx`` and the parameters."""
@@ -305,7 +307,8 @@ class LossGraphTrainer(BaseOrtTrainer):
             current = self._graph_record = shared.for_trainer(model, digest)
             # once per graph and trainer, on the model without the loss (whose penalty reads
             # the weights too): parameters an exporter merged or BatchNorm it folded
-            warn_exported_graph(current.prediction, current.inputs.parameters, type(self).__name__)
+            who = self._caller or type(self).__name__
+            warn_exported_graph(current.prediction, current.inputs.parameters, who)
         self._graph_seen = seen
         return current
 

@@ -223,7 +223,9 @@ def _trainer(
             )
         from .optimizer import OrtGradientOptimizer
 
-        return OrtGradientOptimizer(model, weights, loss_output_name=loss_output_name, learning_rate=lr)
+        full = OrtGradientOptimizer(model, weights, loss_output_name=loss_output_name, learning_rate=lr)
+        full._caller = "export_training_step"  # the name the exporter-artefact warning gives
+        return full
     from .partial import OrtGradientForwardBackwardOptimizer
 
     trainer = OrtGradientForwardBackwardOptimizer(
@@ -235,6 +237,7 @@ def _trainer(
         output_index=output_index,
         reduction=reduction,
     )
+    trainer._caller = "export_training_step"
     trainer._loss()  # validates the loss and penalty with the trainer's messages
     trainer._penalty()
     return trainer
