@@ -123,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{inspect,fit,eval}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{inspect,fit,eval,export-step}")
 
     p = sub.add_parser(
         "inspect",
@@ -159,7 +159,61 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="an ONNX prediction graph")
     _data_arguments(p)
     p.set_defaults(func=cmd_eval)
+    _export_step_parser(sub)
     return parser
+
+
+EXPORT_STEP_EPILOG = """\
+the step's contract: feed the batch and the labels; each output <name>_new is the next step's
+input <name>; every other input has its initial value as a default (also in STEP.npz).
+examples:
+  ort-train export-step mlp.onnx --loss cross_entropy --optimizer adam --lr 1e-3 \\
+      --batch-size 32 --out step.onnx
+  ort-train export-step mlp.onnx --loss cross_entropy --batch-size 32 --out web/step.onnx --for-js
+"""
+#: a step over this size (serialized) is written with its initializers as external data:
+#: protobuf cannot write a model over 2 GiB in one file
+EXTERNAL_DATA_BYTES = 1 << 30
+
+
+def _export_step_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The subcommand ``export-step``: its options, as ``fit``'s where they mean the same."""
+    p = sub.add_parser(
+        "export-step",
+        help="write one training step as a standard ONNX graph that any onnxruntime runs",
+        epilog=EXPORT_STEP_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("model", help="an ONNX prediction graph (or one with a 'loss' output, without --loss)")
+    p.add_argument("--out", "-o", required=True, help="the step to write (.onnx); its state goes to .npz")
+    p.add_argument("--loss", choices=LOSSES, default=None, help="the loss to add (default: the graph's own)")
+    p.add_argument("--output-index", type=int, default=0, help="the model output the loss reads (default 0)")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd", help="update rule (default sgd)")
+    p.add_argument(
+        "--lr", type=_positive_float, default=None, help="learning rate (default 0.01; 0.001 for adam)"
+    )
+    p.add_argument(
+        "--momentum", type=float, default=None, help="with --optimizer nesterov: its momentum (default 0.9)"
+    )
+    p.add_argument(
+        "--batch-size", type=_positive_int, required=True, help="rows per step (fixed in the graph)"
+    )
+    p.add_argument("--weights", nargs="+", default=None, metavar="W", help="the initializers to train")
+    p.add_argument("--sample-weight", action="store_true", help="the step takes an input 'sample_weight'")
+    p.add_argument(
+        "--external-data",
+        action="store_true",
+        help="write the initializers to OUT.data (done anyway for a step over 1 GiB)",
+    )
+    p.add_argument(
+        "--for-js",
+        action="store_true",
+        help=(
+            "for onnxruntime-node/web, which cannot feed an input that has a default: the step "
+            "without defaults, and OUT_init.onnx whose outputs are the initial state"
+        ),
+    )
+    p.set_defaults(func=cmd_export_step)
 
 
 def _training_arguments(p: argparse.ArgumentParser) -> None:
@@ -1008,6 +1062,139 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for key, value in metrics.items():
         print(f"{key}: {value:.6g}")
     return EXIT_OK
+
+
+def _step_paths(out: str) -> dict[str, str]:
+    """The files ``export-step`` writes beside ``--out``: the state, the initial-state graph."""
+    stem = out[: -len(".onnx")] if out.endswith(".onnx") else out
+    return {"npz": stem + ".npz", "init": stem + "_init.onnx"}
+
+
+def _export_step(args: argparse.Namespace) -> ModelProto:
+    """The step the options describe (the loss added as ``fit`` adds it)."""
+    from .export import export_training_step
+
+    model = _load(args.model)
+    if args.loss is not None:
+        _output_name(model, args.output_index)
+        model = add_loss_output(
+            model,
+            score_name=args.loss,
+            output_index=args.output_index,
+            weight_name="sample_weight" if args.sample_weight else None,
+        )
+    elif "loss" not in [o.name for o in model.graph.output]:
+        raise _UsageError(
+            f"{args.model} has no output 'loss': give --loss (one of {', '.join(LOSSES)}) to add one"
+        )
+    if args.momentum is not None and args.optimizer != "nesterov":
+        raise _UsageError("--momentum acts only with --optimizer nesterov: add it, or leave --momentum out")
+    return export_training_step(
+        model,
+        optimizer=_learning_rate(args),
+        batch_size=args.batch_size,
+        weights_to_train=args.weights,
+        sample_weight=args.sample_weight,
+    )
+
+
+def save_step(model: ModelProto, path: str, external: bool) -> list[str]:
+    """Writes a step (or any graph) to ``path``; with ``external``, its tensors (initializers
+    and Constant values) to ``path + '.data'`` beside it, as onnxruntime loads them.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The graph; it is not modified.
+    path : str
+        The ``.onnx`` file.
+    external : bool
+        Whether to write the tensors as external data.
+
+    Returns
+    -------
+    list of str
+        The files written.
+    """
+    if not external:
+        save_model_atomically(model, path)
+        return [path]
+    copy = ModelProto()
+    copy.CopyFrom(model)
+    data = path + ".data"
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    if os.path.exists(data):  # onnx appends to an existing file: the offsets would be wrong
+        os.remove(data)
+    onnx.save_model(
+        copy,
+        path,
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=os.path.basename(data),
+        size_threshold=1024,
+        convert_attribute=True,
+    )
+    return [path, data] if os.path.exists(data) else [path]
+
+
+def cmd_export_step(args: argparse.Namespace) -> int:
+    """Runs ``ort-train export-step``: writes the training step, its initial state as ``.npz``
+    and, with ``--for-js``, the step without defaults and the initial-state graph.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The options of ``export-step`` (:func:`build_parser`).
+
+    Returns
+    -------
+    int
+        :data:`EXIT_OK`.
+
+    Raises
+    ------
+    ValueError, OSError
+        Bad options or model, a graph without gradient (:func:`main` exits with
+        :data:`EXIT_BAD_INPUT`).
+    """
+    from .export import step_initial_state, step_initial_state_model, step_without_defaults
+
+    _check_output(args.out, "--out", folder=False)
+    paths = _step_paths(args.out)
+    for written in (args.out, paths["npz"], paths["init"]):
+        if os.path.exists(args.model) and os.path.realpath(written) == os.path.realpath(args.model):
+            raise _UsageError(
+                f"export-step would overwrite the model {args.model} with {written}: give another --out"
+            )
+    step = _export_step(args)
+    state = step_initial_state(step)
+    external = args.external_data or step.ByteSize() > EXTERNAL_DATA_BYTES
+    files = save_step(step_without_defaults(step) if args.for_js else step, args.out, external)
+    write_atomically(paths["npz"], lambda f: np.savez(f, **state))  # type: ignore[arg-type]
+    files.append(paths["npz"])
+    if args.for_js:
+        files += save_step(step_initial_state_model(step), paths["init"], external)
+    _print_step_summary(step, files)
+    return EXIT_OK
+
+
+def _print_step_summary(step: ModelProto, files: list[str]) -> None:
+    """The step's data inputs, its state in counts, the contract and the files written."""
+    from .export import _opset, step_signature
+
+    sig = step_signature(step)
+    kinds = {i.name: i for i in step.graph.input}
+    for name in sig.data:
+        print(f"data input: {name}: {_type_text(kinds[name])}")
+    print(
+        f"state: {sig.learning_rate}, {len(sig.weights)} weights, {len(sig.optimizer_states)} "
+        f"optimizer states, {len(sig.statistics)} statistics" + (f", {sig.step}" if sig.step else "")
+    )
+    print(f"outputs: {sig.loss}, then <name>_new for each of the {len(sig.state)} state inputs")
+    print("contract: feed the data; feed each output <name>_new back as the input <name> of the next step")
+    print(f"nodes: {len(step.graph.node)}, opset {_opset(step)}, IR {step.ir_version}")
+    for path in files:
+        print(f"wrote: {path}")
 
 
 def _error_text(exc: BaseException) -> str:

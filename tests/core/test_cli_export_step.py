@@ -1,0 +1,225 @@
+"""``ort-train export-step`` (issue 29): the written step, looped over by a bare
+``onnxruntime.InferenceSession`` from its file, trains to the weights of ``OrtGradientOptimizer``
+with the same settings (``backend='onnx'``, ``shuffle=False``); the ``.npz`` holds the step's
+defaults; ``--for-js`` writes a step without defaults and a graph of the initial state;
+``--external-data`` writes a step that onnxruntime still loads; bad input exits with 2 and a
+clear message."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from numpy.testing import assert_allclose
+from onnx import helper, numpy_helper
+from sklearn.datasets import load_digits
+
+from ort_train_core import (
+    LearningRateAdam,
+    LearningRateSGD,
+    LearningRateSGDNesterov,
+    OrtGradientOptimizer,
+    add_loss_output,
+    export_training_step,
+)
+from ort_train_core.cli import main
+from ort_train_core.exceptions import GraphNotDifferentiableError
+
+BATCH, STEPS, ATOL = 8, 20, 1e-6
+WEIGHTS = ["W1", "B1", "W2", "B2"]
+
+
+def mlp(activation: str = "Relu") -> onnx.ModelProto:
+    """Gemm-activation-Gemm, 64-16-10, weights drawn like torch's Linear."""
+    rng = np.random.default_rng(0)
+    shapes = {"W1": ((16, 64), 64), "B1": ((16,), 64), "W2": ((10, 16), 16), "B2": ((10,), 16)}
+    inits = [
+        numpy_helper.from_array((rng.uniform(-1, 1, shape) / np.sqrt(fan)).astype(np.float32), name)
+        for name, (shape, fan) in shapes.items()
+    ]
+    nodes = [
+        helper.make_node("Gemm", ["X", "W1", "B1"], ["H"], transB=1),
+        helper.make_node(activation, ["H"], ["R"], name="act"),
+        helper.make_node("Gemm", ["R", "W2", "B2"], ["Y"], transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT, ["N", 64])],
+        [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, ["N", 10])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("export_step") / "mlp.onnx"
+    onnx.save(mlp(), path)
+    return path
+
+
+def digits() -> tuple[np.ndarray, np.ndarray]:
+    X, y = load_digits(return_X_y=True)
+    return (X[: BATCH * STEPS] / 16).astype(np.float32), y[: BATCH * STEPS].astype(np.int64)
+
+
+def session(path: Path) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # the warning that an initializer is also an input, by design
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def loop(sess: ort.InferenceSession, state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The user's loop: the batch and the labels in, each ``<name>_new`` fed back as ``<name>``."""
+    X, y = digits()
+    names = [o.name.removesuffix("_new") for o in sess.get_outputs()]
+    state = dict(state)
+    for s in range(0, len(X), BATCH):
+        _, *new = sess.run(None, {**state, "X": X[s : s + BATCH], "label": y[s : s + BATCH]})
+        state.update(zip(names[1:], new))
+    return state
+
+
+def trainer_weights(lr: Any) -> dict[str, np.ndarray]:
+    X, y = digits()
+    trainer = OrtGradientOptimizer(
+        add_loss_output(mlp(), "cross_entropy"),
+        max_iter=1,
+        batch_size=BATCH,
+        learning_rate=lr,
+        shuffle=False,
+        backend="onnx",
+    )
+    trainer.fit(X, y)
+    return {t.name: numpy_helper.to_array(t) for t in trainer.get_trained_onnx().graph.initializer}
+
+
+def export(model_file: Path, out: Path, *options: str) -> None:
+    argv = [str(model_file), "--loss", "cross_entropy", "--batch-size", str(BATCH), "--out", str(out)]
+    assert main(["export-step", *argv, *options]) == 0
+
+
+def max_diff(state: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> float:
+    for name in WEIGHTS:
+        assert_allclose(state[name], expected[name], atol=ATOL, rtol=0, err_msg=name)
+    return max(float(np.abs(state[n] - expected[n]).max()) for n in WEIGHTS)
+
+
+OPTIONS = {
+    "sgd": (["--optimizer", "sgd", "--lr", "0.1"], lambda: LearningRateSGD(0.1, learning_rate="constant")),
+    "adam": (["--optimizer", "adam", "--lr", "0.01"], lambda: LearningRateAdam(eta0=0.01)),
+}
+
+
+@pytest.mark.parametrize("optimizer", list(OPTIONS))
+def test_the_written_step_trains_to_the_trainers_weights(
+    model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], optimizer: str
+) -> None:
+    options, lr = OPTIONS[optimizer]
+    export(model_file, tmp_path / "step.onnx", *options)
+    printed = capsys.readouterr().out
+    assert f"wrote: {tmp_path / 'step.onnx'}" in printed
+    assert f"wrote: {tmp_path / 'step.npz'}" in printed
+    assert "data input: X: float32 [8, 64]" in printed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step.npz", "step.onnx"]
+    onnx.checker.check_model(str(tmp_path / "step.onnx"), full_check=True)
+    state = loop(session(tmp_path / "step.onnx"), {})  # the first step needs only data
+    max_diff(state, trainer_weights(lr()))
+    if optimizer == "adam":
+        assert int(state["step"]) == STEPS
+
+
+def test_the_npz_holds_the_steps_defaults(model_file: Path, tmp_path: Path) -> None:
+    export(model_file, tmp_path / "step.onnx", "--optimizer", "adam")
+    step = onnx.load(tmp_path / "step.onnx")
+    defaults = {t.name: numpy_helper.to_array(t) for t in step.graph.initializer}
+    with np.load(tmp_path / "step.npz") as saved:
+        npz = dict(saved)
+    states = [f"{w}_{m}" for w in WEIGHTS for m in ("moment1", "moment2")]
+    assert list(npz) == ["learning_rate", "step", *WEIGHTS, *states]
+    for name, value in npz.items():
+        assert value.dtype == defaults[name].dtype
+        assert_allclose(value, defaults[name], rtol=0, atol=0, err_msg=name)
+    weights = {t.name: numpy_helper.to_array(t) for t in mlp().graph.initializer}
+    for name in WEIGHTS:  # the model's own initial weights, the optimizer's zero moments
+        assert_allclose(npz[name], weights[name], rtol=0, atol=0)
+    assert npz["learning_rate"] == np.float32(0.001)  # adam's default rate, as fit's
+    assert not any(npz[s].any() for s in states)
+
+
+def test_for_js_writes_the_step_without_defaults_and_the_initial_state(
+    model_file: Path, tmp_path: Path
+) -> None:
+    export(model_file, tmp_path / "step.onnx", "--optimizer", "nesterov", "--lr", "0.05", "--for-js")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step.npz", "step.onnx", "step_init.onnx"]
+    step = onnx.load(tmp_path / "step.onnx")
+    state_inputs = [i.name for i in step.graph.input][2:]
+    assert state_inputs == ["learning_rate", *WEIGHTS, *(f"{w}_velocity" for w in WEIGHTS)]
+    assert not {t.name for t in step.graph.initializer} & set(state_inputs)
+    init = session(tmp_path / "step_init.onnx")
+    assert init.get_inputs() == []
+    start = dict(zip([o.name for o in init.get_outputs()], init.run(None, {})))
+    with np.load(tmp_path / "step.npz") as saved:
+        npz = dict(saved)
+    assert list(start) == list(npz) == state_inputs
+    for name in npz:
+        assert_allclose(start[name], npz[name], rtol=0, atol=0, err_msg=name)
+    # the loop of onnxruntime-node: every input fed, starting from the initial-state graph
+    expected = trainer_weights(LearningRateSGDNesterov(eta0=0.05, learning_rate="constant"))
+    max_diff(loop(session(tmp_path / "step.onnx"), start), expected)
+
+
+def test_external_data_still_loads_in_onnxruntime(model_file: Path, tmp_path: Path) -> None:
+    export(model_file, tmp_path / "step.onnx", "--lr", "0.1", "--external-data")
+    data = tmp_path / "step.onnx.data"
+    assert data.stat().st_size >= 4 * 16 * 64  # W1 in float32 (tensors under 1 KiB stay inline)
+    step = onnx.load(tmp_path / "step.onnx", load_external_data=False)
+    external = {t.name for t in step.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
+    assert "W1" in external
+    state = loop(session(tmp_path / "step.onnx"), {})
+    max_diff(state, trainer_weights(LearningRateSGD(0.1, learning_rate="constant")))
+
+
+def refusal(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    assert main(["export-step", *argv]) == 2
+    return capsys.readouterr().err.strip()
+
+
+def test_refusals(model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = ["--batch-size", "8", "--out", str(tmp_path / "step.onnx")]
+    missing = tmp_path / "missing.onnx"
+    assert refusal(capsys, [str(missing), "--loss", "log", *out]) == (
+        f"ort-train: error: ONNX model file not found: {missing}"
+    )
+    assert "invalid choice: 'hinge'" in refusal(capsys, [str(model_file), "--loss", "hinge", *out])
+    assert refusal(capsys, [str(model_file), *out]) == (
+        f"ort-train: error: {model_file} has no output 'loss': give --loss (one of squared_error, "
+        "absolute_error, elastic, log, cross_entropy) to add one"
+    )
+    assert refusal(capsys, [str(model_file), "--loss", "log", "--momentum", "0.5", *out]) == (
+        "ort-train: error: --momentum acts only with --optimizer nesterov: add it, or leave --momentum out"
+    )
+    assert refusal(capsys, [str(model_file), "--loss", "log", "--batch-size", "0", "--out", "x"]).endswith(
+        "argument --batch-size: must be an integer > 0, got '0'"
+    )
+    assert not list(tmp_path.glob("step*"))
+
+
+def test_a_graph_without_gradient_is_refused_with_the_exporters_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    onnx.save(mlp("Sin"), tmp_path / "sin.onnx")
+    with pytest.raises(GraphNotDifferentiableError) as info:
+        export_training_step(add_loss_output(mlp("Sin"), "cross_entropy"), batch_size=BATCH)
+    argv = [str(tmp_path / "sin.onnx"), "--loss", "cross_entropy", "--batch-size", "8"]
+    err = refusal(capsys, [*argv, "--out", str(tmp_path / "step.onnx")])
+    assert "operator Sin" in str(info.value)
+    assert err == f"ort-train: error: {' '.join(str(info.value).split())}"
+    assert not (tmp_path / "step.onnx").exists()
