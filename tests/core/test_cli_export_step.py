@@ -114,6 +114,10 @@ def max_diff(state: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> f
 
 OPTIONS = {
     "sgd": (["--optimizer", "sgd", "--lr", "0.1"], lambda: LearningRateSGD(0.1, learning_rate="constant")),
+    "momentum": (
+        ["--optimizer", "momentum", "--lr", "0.05", "--momentum", "0.8"],
+        lambda: LearningRateSGDNesterov(eta0=0.05, learning_rate="constant", momentum=0.8, nesterov=False),
+    ),
     "adam": (["--optimizer", "adam", "--lr", "0.01"], lambda: LearningRateAdam(eta0=0.01)),
 }
 
@@ -204,7 +208,8 @@ def test_refusals(model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixtur
         "absolute_error, elastic, log, cross_entropy) to add one"
     )
     assert refusal(capsys, [str(model_file), "--loss", "log", "--momentum", "0.5", *out]) == (
-        "ort-train: error: --momentum acts only with --optimizer nesterov: add it, or leave --momentum out"
+        "ort-train: error: --momentum acts only with --optimizer momentum or nesterov: add one, or leave "
+        "--momentum out"
     )
     assert refusal(capsys, [str(model_file), "--loss", "log", "--batch-size", "0", "--out", "x"]).endswith(
         "argument --batch-size: must be an integer > 0, got '0'"

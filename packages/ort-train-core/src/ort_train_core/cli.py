@@ -55,6 +55,8 @@ EXIT_OK, EXIT_TRAINING_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 LOSSES = ("squared_error", "absolute_error", "elastic", "log", "cross_entropy")
 CLASSIFICATION_LOSSES = ("log", "cross_entropy")
 OPTIMIZERS = ("sgd", "nesterov", "adam")
+#: export-step's: fit's and SGD with (non-Nesterov) momentum
+STEP_OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam")
 
 EPILOG = """\
 examples:
@@ -188,12 +190,15 @@ def _export_step_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     p.add_argument("--out", "-o", required=True, help="the step to write (.onnx); its state goes to .npz")
     p.add_argument("--loss", choices=LOSSES, default=None, help="the loss to add (default: the graph's own)")
     p.add_argument("--output-index", type=int, default=0, help="the model output the loss reads (default 0)")
-    p.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd", help="update rule (default sgd)")
+    p.add_argument("--optimizer", choices=STEP_OPTIMIZERS, default="sgd", help="update rule (default sgd)")
     p.add_argument(
         "--lr", type=_positive_float, default=None, help="learning rate (default 0.01; 0.001 for adam)"
     )
     p.add_argument(
-        "--momentum", type=float, default=None, help="with --optimizer nesterov: its momentum (default 0.9)"
+        "--momentum",
+        type=float,
+        default=None,
+        help="with --optimizer momentum or nesterov: its momentum (default 0.9)",
     )
     p.add_argument(
         "--batch-size", type=_positive_int, required=True, help="rows per step (fixed in the graph)"
@@ -664,11 +669,13 @@ def _learning_rate(args: argparse.Namespace) -> BaseLearningRate:
     if args.optimizer == "adam":
         return LearningRateAdam(eta0=args.lr if args.lr is not None else 0.001)
     eta = args.lr if args.lr is not None else 0.01
-    if args.optimizer == "nesterov":
+    if args.optimizer in ("nesterov", "momentum"):  # momentum: export-step's only
         momentum = 0.9 if args.momentum is None else args.momentum
         if not 0 <= momentum < 1:
             raise _UsageError(f"--momentum must be in [0, 1), got {momentum}")
-        return LearningRateSGDNesterov(eta0=eta, learning_rate="constant", momentum=momentum)
+        return LearningRateSGDNesterov(
+            eta0=eta, learning_rate="constant", momentum=momentum, nesterov=args.optimizer == "nesterov"
+        )
     return LearningRateSGD(eta0=eta, learning_rate="constant")
 
 
@@ -1087,8 +1094,10 @@ def _export_step(args: argparse.Namespace) -> ModelProto:
         raise _UsageError(
             f"{args.model} has no output 'loss': give --loss (one of {', '.join(LOSSES)}) to add one"
         )
-    if args.momentum is not None and args.optimizer != "nesterov":
-        raise _UsageError("--momentum acts only with --optimizer nesterov: add it, or leave --momentum out")
+    if args.momentum is not None and args.optimizer not in ("momentum", "nesterov"):
+        raise _UsageError(
+            "--momentum acts only with --optimizer momentum or nesterov: add one, or leave --momentum out"
+        )
     return export_training_step(
         model,
         optimizer=_learning_rate(args),
