@@ -214,6 +214,12 @@ def test_refusals(model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixtur
     assert refusal(capsys, [str(model_file), "--loss", "log", "--batch-size", "0", "--out", "x"]).endswith(
         "argument --batch-size: must be an integer > 0, got '0'"
     )
+    copy = tmp_path / "model.onnx"
+    copy.write_bytes(model_file.read_bytes())
+    assert refusal(capsys, [str(copy), "--loss", "log", "--batch-size", "8", "--out", str(copy)]) == (
+        f"ort-train: error: export-step would overwrite the model {copy} with {copy}: give another --out"
+    )
+    assert copy.read_bytes() == model_file.read_bytes()
     assert not list(tmp_path.glob("step*"))
 
 

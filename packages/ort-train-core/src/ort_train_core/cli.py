@@ -67,6 +67,7 @@ examples:
   ort-train fit mlp.onnx ... --checkpoint ckpt/ --resume     # continue an interrupted run
   ort-train eval trained.onnx --data test.csv --target y
   ort-train eval clf.onnx --data test.csv --target label --loss cross_entropy
+  ort-train export-step mlp.onnx --loss cross_entropy --batch-size 32 --out step.onnx
 
 data files: a .csv with a header row (numbers only) or an .npz; the target is the column (or
 array) --target, the features every other column (in file order), or the .npz array 'X'.
@@ -112,7 +113,8 @@ def _fraction(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The parser of the ``ort-train`` command and its subcommands ``inspect``, ``fit``, ``eval``.
+    """The parser of the ``ort-train`` command and its subcommands ``inspect``, ``fit``, ``eval``,
+    ``export-step``.
 
     Returns
     -------
@@ -187,7 +189,13 @@ def _export_step_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("model", help="an ONNX prediction graph (or one with a 'loss' output, without --loss)")
-    p.add_argument("--out", "-o", required=True, help="the step to write (.onnx); its state goes to .npz")
+    p.add_argument(
+        "--out",
+        "-o",
+        required=True,
+        metavar="STEP.onnx",
+        help="the step to write; its state goes to STEP.npz",
+    )
     p.add_argument("--loss", choices=LOSSES, default=None, help="the loss to add (default: the graph's own)")
     p.add_argument("--output-index", type=int, default=0, help="the model output the loss reads (default 0)")
     p.add_argument("--optimizer", choices=STEP_OPTIMIZERS, default="sgd", help="update rule (default sgd)")
@@ -208,14 +216,14 @@ def _export_step_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     p.add_argument(
         "--external-data",
         action="store_true",
-        help="write the initializers to OUT.data (done anyway for a step over 1 GiB)",
+        help="write the tensors to STEP.onnx.data (and STEP_init.onnx.data); done anyway over 1 GiB",
     )
     p.add_argument(
         "--for-js",
         action="store_true",
         help=(
             "for onnxruntime-node/web, which cannot feed an input that has a default: the step "
-            "without defaults, and OUT_init.onnx whose outputs are the initial state"
+            "without defaults, and STEP_init.onnx whose outputs are the initial state"
         ),
     )
     p.set_defaults(func=cmd_export_step)
