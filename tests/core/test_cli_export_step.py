@@ -234,3 +234,24 @@ def test_a_graph_without_gradient_is_refused_with_the_exporters_message(
     assert "operator Sin" in str(info.value)
     assert err == f"ort-train: error: {' '.join(str(info.value).split())}"
     assert not (tmp_path / "step.onnx").exists()
+
+
+def test_weights_named_as_savez_arguments(tmp_path: Path) -> None:
+    """numpy.savez(f, **arrays) takes ``file`` and ``allow_pickle`` for its own arguments: the
+    .npz of a model whose weights bear those names still holds every default."""
+    model = mlp()
+    renames = {"W1": "file", "B1": "allow_pickle"}
+    for init in model.graph.initializer:
+        init.name = renames.get(init.name, init.name)
+    for node in model.graph.node:
+        node.input[:] = [renames.get(x, x) for x in node.input]
+    path = tmp_path / "named.onnx"
+    onnx.save(model, path)
+    out = tmp_path / "step.onnx"
+    assert (
+        main(["export-step", str(path), "-o", str(out), "--loss", "cross_entropy", "--batch-size", "8"]) == 0
+    )
+    saved = dict(np.load(tmp_path / "step.npz"))
+    values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    assert_allclose(saved["file"], values["file"])
+    assert_allclose(saved["allow_pickle"], values["allow_pickle"])

@@ -19,7 +19,7 @@ from typing import IO
 
 import numpy as np
 
-__all__ = ["read_npz"]
+__all__ = ["read_npz", "write_npz"]
 
 #: what the zip and npy readers raise on damaged input: truncation (EOFError, BadZipFile),
 #: a corrupt deflate stream (zlib.error), encrypted or exotic members (RuntimeError,
@@ -37,6 +37,24 @@ _READ_ERRORS = (
 
 #: bytes read per chunk: the buffer grows with the data that really arrive
 _CHUNK = 1 << 24
+
+
+def write_npz(f: IO[bytes], arrays: dict[str, np.ndarray]) -> None:
+    """Writes ``arrays`` as an ``.npz`` archive (what ``numpy.load`` reads) to the binary file
+    ``f``, one ``<name>.npy`` member per array: unlike ``numpy.savez(f, **arrays)``, any name is
+    taken, ``file`` and ``allow_pickle`` (savez's own arguments) too.
+
+    Parameters
+    ----------
+    f : binary file object
+        Where the archive goes.
+    arrays : dict of str to ndarray
+        The arrays by name.
+    """
+    with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for name, value in arrays.items():
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
 
 
 class _BadMember(ValueError):

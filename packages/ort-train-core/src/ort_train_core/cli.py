@@ -26,7 +26,7 @@ from ._batchnorm import running_statistics
 from ._data import DataSpec, check_fit_arrays, feature_spec
 from ._exported import export_notes, exporter_constants
 from ._io import check_regular_file, load_model
-from ._npz import read_npz
+from ._npz import read_npz, write_npz
 from .checkpoint import CHECKPOINT_FILE, check_writable_folder, write_atomically
 from .exceptions import (
     CheckpointMismatchError,
@@ -1187,7 +1187,7 @@ def cmd_export_step(args: argparse.Namespace) -> int:
     state = step_initial_state(step)
     external = args.external_data or step.ByteSize() > EXTERNAL_DATA_BYTES
     files = save_step(step_without_defaults(step) if args.for_js else step, args.out, external)
-    write_atomically(paths["npz"], lambda f: np.savez(f, **state))  # type: ignore[arg-type]
+    write_atomically(paths["npz"], lambda f: write_npz(f, state))
     files.append(paths["npz"])
     if args.for_js:
         files += save_step(step_initial_state_model(step), paths["init"], external)
