@@ -15,47 +15,19 @@ import onnx
 import onnxruntime as ort
 import pytest
 from numpy.testing import assert_allclose
-from onnx import helper, numpy_helper
-from sklearn.datasets import load_digits
 
 from ort_train_core import (
     LearningRateAdam,
     LearningRateSGD,
     LearningRateSGDNesterov,
-    OrtGradientOptimizer,
     add_loss_output,
     export_training_step,
 )
 from ort_train_core.cli import main
 from ort_train_core.exceptions import GraphNotDifferentiableError
+from step_support import BATCH, STEPS, WEIGHTS, digits, initializers, mlp, reference_fit
 
-BATCH, STEPS, ATOL = 8, 20, 1e-6
-WEIGHTS = ["W1", "B1", "W2", "B2"]
-
-
-def mlp(activation: str = "Relu") -> onnx.ModelProto:
-    """Gemm-activation-Gemm, 64-16-10, weights drawn like torch's Linear."""
-    rng = np.random.default_rng(0)
-    shapes = {"W1": ((16, 64), 64), "B1": ((16,), 64), "W2": ((10, 16), 16), "B2": ((10,), 16)}
-    inits = [
-        numpy_helper.from_array((rng.uniform(-1, 1, shape) / np.sqrt(fan)).astype(np.float32), name)
-        for name, (shape, fan) in shapes.items()
-    ]
-    nodes = [
-        helper.make_node("Gemm", ["X", "W1", "B1"], ["H"], transB=1),
-        helper.make_node(activation, ["H"], ["R"], name="act"),
-        helper.make_node("Gemm", ["R", "W2", "B2"], ["Y"], transB=1),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT, ["N", 64])],
-        [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, ["N", 10])],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
+ATOL = 1e-6
 
 
 @pytest.fixture(scope="module")
@@ -63,11 +35,6 @@ def model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("export_step") / "mlp.onnx"
     onnx.save(mlp(), path)
     return path
-
-
-def digits() -> tuple[np.ndarray, np.ndarray]:
-    X, y = load_digits(return_X_y=True)
-    return (X[: BATCH * STEPS] / 16).astype(np.float32), y[: BATCH * STEPS].astype(np.int64)
 
 
 def session(path: Path) -> ort.InferenceSession:
@@ -89,16 +56,7 @@ def loop(sess: ort.InferenceSession, state: dict[str, np.ndarray]) -> dict[str, 
 
 def trainer_weights(lr: Any) -> dict[str, np.ndarray]:
     X, y = digits()
-    trainer = OrtGradientOptimizer(
-        add_loss_output(mlp(), "cross_entropy"),
-        max_iter=1,
-        batch_size=BATCH,
-        learning_rate=lr,
-        shuffle=False,
-        backend="onnx",
-    )
-    trainer.fit(X, y)
-    return {t.name: numpy_helper.to_array(t) for t in trainer.get_trained_onnx().graph.initializer}
+    return initializers(reference_fit(add_loss_output(mlp(), "cross_entropy"), lr, X, y).get_trained_onnx())
 
 
 def export(model_file: Path, out: Path, *options: str) -> None:
@@ -143,7 +101,7 @@ def test_the_written_step_trains_to_the_trainers_weights(
 def test_the_npz_holds_the_steps_defaults(model_file: Path, tmp_path: Path) -> None:
     export(model_file, tmp_path / "step.onnx", "--optimizer", "adam")
     step = onnx.load(tmp_path / "step.onnx")
-    defaults = {t.name: numpy_helper.to_array(t) for t in step.graph.initializer}
+    defaults = initializers(step)
     with np.load(tmp_path / "step.npz") as saved:
         npz = dict(saved)
     states = [f"{w}_{m}" for w in WEIGHTS for m in ("moment1", "moment2")]
@@ -151,7 +109,7 @@ def test_the_npz_holds_the_steps_defaults(model_file: Path, tmp_path: Path) -> N
     for name, value in npz.items():
         assert value.dtype == defaults[name].dtype
         assert_allclose(value, defaults[name], rtol=0, atol=0, err_msg=name)
-    weights = {t.name: numpy_helper.to_array(t) for t in mlp().graph.initializer}
+    weights = initializers(mlp())
     for name in WEIGHTS:  # the model's own initial weights, the optimizer's zero moments
         assert_allclose(npz[name], weights[name], rtol=0, atol=0)
     assert npz["learning_rate"] == np.float32(0.001)  # adam's default rate, as fit's
@@ -226,9 +184,9 @@ def test_refusals(model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_a_graph_without_gradient_is_refused_with_the_exporters_message(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    onnx.save(mlp("Sin"), tmp_path / "sin.onnx")
+    onnx.save(mlp(activation="Sin"), tmp_path / "sin.onnx")
     with pytest.raises(GraphNotDifferentiableError) as info:
-        export_training_step(add_loss_output(mlp("Sin"), "cross_entropy"), batch_size=BATCH)
+        export_training_step(add_loss_output(mlp(activation="Sin"), "cross_entropy"), batch_size=BATCH)
     argv = [str(tmp_path / "sin.onnx"), "--loss", "cross_entropy", "--batch-size", "8"]
     err = refusal(capsys, [*argv, "--out", str(tmp_path / "step.onnx")])
     assert "operator Sin" in str(info.value)
@@ -252,6 +210,6 @@ def test_weights_named_as_savez_arguments(tmp_path: Path) -> None:
         main(["export-step", str(path), "-o", str(out), "--loss", "cross_entropy", "--batch-size", "8"]) == 0
     )
     saved = dict(np.load(tmp_path / "step.npz"))
-    values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    values = initializers(model)
     assert_allclose(saved["file"], values["file"])
     assert_allclose(saved["allow_pickle"], values["allow_pickle"])

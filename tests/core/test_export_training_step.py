@@ -17,8 +17,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from numpy.testing import assert_allclose
-from onnx import TensorProto, helper, numpy_helper
-from sklearn.datasets import load_digits
+from onnx import helper
 
 from ort_train_core import (
     ElasticLearningPenalty,
@@ -35,47 +34,9 @@ from ort_train_core import (
     step_signature,
     step_without_defaults,
 )
+from step_support import BATCH, STEPS, WEIGHTS, digits, initializers, mlp, reference_fit
 
-BATCH = 8
-STEPS = 20
 ATOL = 1e-6
-
-
-def mlp(n_in: int = 64, hidden: int = 16, n_out: int = 10, seed: int = 0) -> onnx.ModelProto:
-    """Gemm-Relu-Gemm with a free batch dimension, weights drawn like torch's Linear."""
-    rng = np.random.default_rng(seed)
-
-    def uniform(shape: tuple[int, ...], fan_in: int) -> np.ndarray:
-        bound = 1 / np.sqrt(fan_in)
-        return rng.uniform(-bound, bound, shape).astype(np.float32)
-
-    inits = [
-        numpy_helper.from_array(uniform((hidden, n_in), n_in), "W1"),
-        numpy_helper.from_array(uniform((hidden,), n_in), "B1"),
-        numpy_helper.from_array(uniform((n_out, hidden), hidden), "W2"),
-        numpy_helper.from_array(uniform((n_out,), hidden), "B2"),
-    ]
-    nodes = [
-        helper.make_node("Gemm", ["X", "W1", "B1"], ["H"], transB=1),
-        helper.make_node("Relu", ["H"], ["R"]),
-        helper.make_node("Gemm", ["R", "W2", "B2"], ["Y"], transB=1),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", n_in])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", n_out])],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
-
-
-def digits() -> tuple[np.ndarray, np.ndarray]:
-    X, y = load_digits(return_X_y=True)
-    rows = BATCH * STEPS
-    return (X[:rows] / 16).astype(np.float32), y[:rows].astype(np.int64)
 
 
 def run_step(
@@ -104,12 +65,8 @@ def batches_of(X: np.ndarray, y: np.ndarray, **extra: np.ndarray) -> list[dict[s
     return out
 
 
-def trained_values(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-
-
 def assert_same_weights(expected: onnx.ModelProto, got: onnx.ModelProto, names: list[str]) -> float:
-    want, have = trained_values(expected), trained_values(got)
+    want, have = initializers(expected), initializers(got)
     worst = 0.0
     for name in names:
         assert_allclose(have[name], want[name], atol=ATOL, rtol=0, err_msg=name)
@@ -130,20 +87,10 @@ STATES = {"sgd": (), "momentum": ("velocity",), "nesterov": ("velocity",), "adam
 def test_trains_to_the_full_loops_weights(optimizer: str) -> None:
     X, y = digits()
     loss_model = add_loss_output(mlp(), "cross_entropy")
-    trainer = OrtGradientOptimizer(
-        loss_model,
-        max_iter=1,
-        batch_size=BATCH,
-        learning_rate=OPTIMIZERS[optimizer](),
-        shuffle=False,
-        backend="onnx",
-    )
-    trainer.fit(X, y)
+    trainer = reference_fit(loss_model, OPTIMIZERS[optimizer](), X, y)
     step = export_training_step(loss_model, optimizer=OPTIMIZERS[optimizer](), batch_size=BATCH)
     losses, state = run_step(step, batches_of(X, y))
-    assert_same_weights(
-        trainer.get_trained_onnx(), model_from_step_state(loss_model, state), ["W1", "B1", "W2", "B2"]
-    )
+    assert_same_weights(trainer.get_trained_onnx(), model_from_step_state(loss_model, state), WEIGHTS)
     # the epoch's loss is the mean of the steps' losses (equal batches)
     assert np.mean(losses) == pytest.approx(trainer.train_losses_[0], rel=1e-6)
     if optimizer == "adam":
@@ -159,7 +106,7 @@ def test_the_naming_contract(optimizer: str) -> None:
     assert step.ir_version <= 10
     assert {n.domain for n in step.graph.node} <= {"", "ai.onnx"}
     assert [o.domain for o in step.opset_import] == [""]
-    weights = ["W1", "B1", "W2", "B2"]
+    weights = WEIGHTS
     states = [f"{w}_{s}" for w in weights for s in STATES[optimizer]]
     counted = ["step"] if optimizer == "adam" else []
     inputs = [i.name for i in step.graph.input]
@@ -169,11 +116,11 @@ def test_the_naming_contract(optimizer: str) -> None:
         *(n + "_new" for n in [*counted, *weights, *states]),
     ]
     # every input but the data has its initial value as an initializer of its name
-    defaults = trained_values(step)
+    defaults = initializers(step)
     assert set(inputs[2:]) <= set(defaults)
     assert not {"X", "label"} & set(defaults)
     for w in weights:
-        assert_allclose(defaults[w], trained_values(mlp())[w])
+        assert_allclose(defaults[w], initializers(mlp())[w])
     for s in states:
         assert not defaults[s].any()
     assert defaults["learning_rate"] == np.float32(OPTIMIZERS[optimizer]().eta0)
@@ -238,9 +185,7 @@ def test_trains_to_the_partial_loops_weights(loss: str, penalty: Any) -> None:
     trainer.fit(X, labels)
     step = export_training_step(model, loss=loss, optimizer=lr, batch_size=BATCH, penalty=penalty)
     losses, state = run_step(step, batches_of(X, labels))
-    assert_same_weights(
-        trainer.get_trained_onnx(), model_from_step_state(model, state), ["W1", "B1", "W2", "B2"]
-    )
+    assert_same_weights(trainer.get_trained_onnx(), model_from_step_state(model, state), WEIGHTS)
     # the step's loss is the objective: the loss and its penalty, as the partial loop's
     assert np.mean(losses) == pytest.approx(trainer.train_losses_[0], rel=1e-5)
 
@@ -250,10 +195,7 @@ def test_sample_weights_when_asked() -> None:
     w = np.random.default_rng(0).uniform(0.2, 2.0, len(X)).astype(np.float32)
     loss_model = add_loss_output(mlp(), "cross_entropy", weight_name="sample_weight")
     lr = LearningRateSGD(eta0=0.1, learning_rate="constant")
-    trainer = OrtGradientOptimizer(
-        loss_model, max_iter=1, batch_size=BATCH, learning_rate=lr, shuffle=False, backend="onnx"
-    )
-    trainer.fit(X, y, sample_weight=w)
+    trainer = reference_fit(loss_model, lr, X, y, sample_weight=w)
     step = export_training_step(loss_model, optimizer=lr, batch_size=BATCH, sample_weight=True)
     assert [i.name for i in step.graph.input][:3] == ["X", "label", "sample_weight"]
     _, state = run_step(step, batches_of(X, y, sample_weight=w))

@@ -27,18 +27,16 @@ import numpy as np
 import onnx
 import pytest
 from numpy.testing import assert_allclose
-from onnx import TensorProto, helper, numpy_helper
-from sklearn.datasets import load_digits
 
 from ort_train_core import (
     LearningRateAdam,
     LearningRateSGDNesterov,
-    OrtGradientOptimizer,
     add_loss_output,
     export_training_step,
     model_from_step_state,
     step_initial_state,
 )
+from step_support import BATCH, STEPS, WEIGHTS, digits, initializers, mlp, reference_fit
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "examples" / "cpp" / "train_step.cpp"
@@ -55,8 +53,6 @@ NODE_LIB = (
     / "libonnxruntime.so.1"
 )
 CXX = os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
-BATCH = 8
-STEPS = 20
 TOL = 1e-5
 OPTIMIZERS = {
     "nesterov": lambda: LearningRateSGDNesterov(eta0=0.05, learning_rate="constant", momentum=0.9),
@@ -119,29 +115,6 @@ def train_step(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     return build / "train_step"
 
 
-def mlp(n_in: int = 64, hidden: int = 16, n_out: int = 10, seed: int = 1) -> onnx.ModelProto:
-    """Gemm-Tanh-Gemm, 64-16-10."""
-    rng = np.random.default_rng(seed)
-    shapes = {"W1": (n_in, hidden), "B1": (hidden,), "W2": (hidden, n_out), "B2": (n_out,)}
-    inits = [
-        numpy_helper.from_array((rng.standard_normal(s) * 0.2).astype(np.float32), n)
-        for n, s in shapes.items()
-    ]
-    nodes = [
-        helper.make_node("Gemm", ["X", "W1", "B1"], ["H"]),
-        helper.make_node("Tanh", ["H"], ["T"]),
-        helper.make_node("Gemm", ["T", "W2", "B2"], ["Y"]),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", n_in])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", n_out])],
-        inits,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-
-
 def run_loop(
     folder: pathlib.Path, binary: pathlib.Path, step: onnx.ModelProto, **data: np.ndarray
 ) -> list[float]:
@@ -161,18 +134,9 @@ def run_loop(
 def test_trains_to_the_python_trainers_weights(
     tmp_path: pathlib.Path, train_step: pathlib.Path, optimizer: str
 ) -> None:
-    X, y = load_digits(return_X_y=True)
-    X, y = (X[: BATCH * STEPS] / 16).astype(np.float32), y[: BATCH * STEPS].astype(np.int64)
-    loss_model = add_loss_output(mlp(), "cross_entropy")
-    trainer = OrtGradientOptimizer(
-        loss_model,
-        max_iter=1,
-        batch_size=BATCH,
-        learning_rate=OPTIMIZERS[optimizer](),
-        shuffle=False,
-        backend="onnx",
-    )
-    trainer.fit(X, y)
+    X, y = digits()
+    loss_model = add_loss_output(mlp(activation="Tanh"), "cross_entropy")
+    trainer = reference_fit(loss_model, OPTIMIZERS[optimizer](), X, y)
     step = export_training_step(loss_model, optimizer=OPTIMIZERS[optimizer](), batch_size=BATCH)
 
     losses = run_loop(tmp_path, train_step, step, X=X, label=y)
@@ -183,11 +147,9 @@ def test_trains_to_the_python_trainers_weights(
         for name, v in initial.items()
         if name != "learning_rate"  # an input the loop never feeds: no _new output
     }
-    want = {t.name: numpy_helper.to_array(t) for t in trainer.get_trained_onnx().graph.initializer}
-    have = {
-        t.name: numpy_helper.to_array(t) for t in model_from_step_state(loss_model, state).graph.initializer
-    }
-    for name in ("W1", "B1", "W2", "B2"):
+    want = initializers(trainer.get_trained_onnx())
+    have = initializers(model_from_step_state(loss_model, state))
+    for name in WEIGHTS:
         assert_allclose(have[name], want[name], atol=TOL, rtol=TOL, err_msg=name)
         assert not np.allclose(have[name], initial[name], atol=1e-3), name  # the fed state was used
     assert len(losses) == STEPS

@@ -24,27 +24,23 @@ import onnx
 import pytest
 from numpy.testing import assert_allclose
 from onnx import TensorProto, helper, numpy_helper
-from sklearn.datasets import load_digits
 
 from ort_train_core import (
     LearningRateAdam,
     LearningRateSGD,
-    OrtGradientOptimizer,
     add_loss_output,
     export_training_step,
     model_from_step_state,
     step_initial_state_model,
     step_without_defaults,
 )
+from step_support import BATCH, STEPS, WEIGHTS, digits, initializers, mlp, reference_fit
 
 JS = pathlib.Path(__file__).resolve().parents[2] / "js"
 NODE = shutil.which("node")
 PACKAGES = ("onnxruntime-node", "onnxruntime-web")
 BACKENDS = ("node", "web")
-BATCH = 8
-STEPS = 20
 TOL = 1e-5
-WEIGHTS = ["W1", "B1", "W2", "B2"]
 
 
 def _why_skip() -> str | None:
@@ -65,36 +61,6 @@ OPTIMIZERS = {
     "sgd": lambda: LearningRateSGD(eta0=0.1, learning_rate="constant"),
     "adam": lambda: LearningRateAdam(eta0=0.01),
 }
-
-
-def mlp(n_in: int = 64, hidden: int = 32, n_out: int = 10, seed: int = 0) -> onnx.ModelProto:
-    """Gemm-Relu-Gemm, 64-32-10, weights drawn like torch's Linear."""
-    rng = np.random.default_rng(seed)
-    shapes = {"W1": (hidden, n_in), "B1": (hidden,), "W2": (n_out, hidden), "B2": (n_out,)}
-    fan_in = {"W1": n_in, "B1": n_in, "W2": hidden, "B2": hidden}
-    inits = [
-        numpy_helper.from_array((rng.uniform(-1, 1, s) / np.sqrt(fan_in[n])).astype(np.float32), n)
-        for n, s in shapes.items()
-    ]
-    nodes = [
-        helper.make_node("Gemm", ["X", "W1", "B1"], ["H"], transB=1),
-        helper.make_node("Relu", ["H"], ["R"]),
-        helper.make_node("Gemm", ["R", "W2", "B2"], ["Y"], transB=1),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "mlp",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", n_in])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", n_out])],
-        inits,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-
-
-def digits() -> tuple[np.ndarray, np.ndarray]:
-    X, y = load_digits(return_X_y=True)
-    rows = BATCH * STEPS
-    return (X[:rows] / 16).astype(np.float32), y[:rows].astype(np.int64)
 
 
 def write_data(folder: pathlib.Path, **inputs: np.ndarray) -> pathlib.Path:
@@ -136,33 +102,24 @@ def read_output(path: pathlib.Path) -> tuple[list[float], dict[str, np.ndarray]]
     return out["losses"], state
 
 
-def trained(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-
-
 @pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_trains_to_the_python_trainers_weights(tmp_path: pathlib.Path, backend: str, optimizer: str) -> None:
     X, y = digits()
-    loss_model = add_loss_output(mlp(), "cross_entropy")
-    trainer = OrtGradientOptimizer(
-        loss_model,
-        max_iter=1,
-        batch_size=BATCH,
-        learning_rate=OPTIMIZERS[optimizer](),
-        shuffle=False,
-        backend="onnx",
-    )
-    trainer.fit(X, y)
+    loss_model = add_loss_output(mlp(hidden=32), "cross_entropy")
+    trainer = reference_fit(loss_model, OPTIMIZERS[optimizer](), X, y)
     step = export_training_step(loss_model, optimizer=OPTIMIZERS[optimizer](), batch_size=BATCH)
     data = write_data(tmp_path / "data", X=X, label=y)
     done = run_loop(tmp_path, step_without_defaults(step), step_initial_state_model(step), data, backend)
     assert done.returncode == 0, done.stderr
     losses, state = read_output(tmp_path / "out.json")
-    want, have = trained(trainer.get_trained_onnx()), trained(model_from_step_state(loss_model, state))
+    want, have = (
+        initializers(trainer.get_trained_onnx()),
+        initializers(model_from_step_state(loss_model, state)),
+    )
     for name in WEIGHTS:
         assert_allclose(have[name], want[name], atol=TOL, rtol=TOL, err_msg=name)
-    assert not np.allclose(have["W1"], trained(mlp())["W1"], atol=1e-3)  # it did train
+    assert not np.allclose(have["W1"], initializers(mlp(hidden=32))["W1"], atol=1e-3)  # it did train
     assert len(losses) == STEPS
     assert np.mean(losses) == pytest.approx(trainer.train_losses_[0], rel=TOL)
     if optimizer == "adam":
