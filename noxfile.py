@@ -189,6 +189,30 @@ def tests_js(session: nox.Session) -> None:
 
 
 @nox.session(python=PRIMARY_PYTHON)
+def tests_cpp(session: nox.Session) -> None:
+    """The C++ loop examples/cpp/train_step.cpp: compiled with g++ against onnxruntime's C++ API
+    and checked against OrtGradientOptimizer's weights (tests/cpp).
+
+    The headers come from Debian 13's libonnxruntime-dev (examples/cpp/onnxruntime_headers.sh,
+    apt-get, no install); the library from the stock onnxruntime wheel the `[stock]` extra brings."""
+    if shutil.which("g++") is None or shutil.which("apt-get") is None:
+        session.error("g++ and apt-get (a Debian-like machine) are needed to build the C++ loop")
+    headers = str(ROOT / "build" / "onnxruntime-headers")
+    session.run("bash", "examples/cpp/onnxruntime_headers.sh", headers, external=True)
+    # stock onnxruntime: its wheel ships libonnxruntime.so.1.* (the training build's does not)
+    _install_core(session, "stock")
+    session.install("pytest>=8", "scikit-learn")
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        "-rs",
+        *(session.posargs or ["tests/cpp"]),
+        env={"ONNXRUNTIME_INCLUDE_DIR": headers},
+    )
+
+
+@nox.session(python=PRIMARY_PYTHON)
 def lint(session: nox.Session) -> None:
     session.install("ruff")
     session.run("ruff", "check", ".")
