@@ -123,11 +123,34 @@ class ProgressBar(Callback):
 
 
 class EpochPrinter(Callback):
-    """One line per epoch on stdout (``verbose=2``)."""
+    """One line per epoch, ``epoch 3/20: train_loss=...`` (``verbose=2``; the ``ort-train``
+    command's output where stderr is no terminal, a log or CI, instead of a redrawn bar).
+
+    Parameters
+    ----------
+    stream : {'stdout', 'stderr'}, default 'stdout'
+        Where the lines go: looked up in :mod:`sys` at each line (a name, not the file, so that
+        the callback pickles and follows a redirection).
+    prefix : bool, default True
+        Whether each line starts with the trainer's class, ``[OrtGradientOptimizer]``.
+    """
+
+    def __init__(self, stream: str = "stdout", prefix: bool = True) -> None:
+        if stream not in ("stdout", "stderr"):
+            raise ValueError(f"stream must be 'stdout' or 'stderr', got {stream!r}")
+        self.stream = stream
+        self.prefix = prefix
+        self._last = 0
+
+    def on_train_begin(self, trainer: BaseOrtTrainer, n_epochs: int) -> None:
+        # the epochs go on over resumes and warm starts: the last one this fit may reach
+        self._last = trainer.n_iter_ + n_epochs
 
     def on_epoch_end(self, trainer: BaseOrtTrainer, epoch: int, logs: dict[str, float]) -> bool:
         text = " ".join(f"{k}={v:.6g}" for k, v in logs.items() if k != "epoch")
-        print(f"[{type(trainer).__name__}] epoch {epoch + 1}: {text}", file=sys.stdout, flush=True)
+        total = f"/{self._last}" if self._last > epoch else ""
+        head = f"[{type(trainer).__name__}] " if self.prefix else ""
+        print(f"{head}epoch {epoch + 1}{total}: {text}", file=getattr(sys, self.stream), flush=True)
         return False
 
 

@@ -10,6 +10,7 @@ import argparse
 import csv
 import math
 import os
+import shlex
 import sys
 import time
 import warnings
@@ -27,6 +28,7 @@ from ._data import DataSpec, check_fit_arrays, feature_spec
 from ._exported import export_notes, exporter_constants
 from ._io import check_regular_file, load_model
 from ._npz import read_npz, write_npz
+from .callbacks import Callback, EpochPrinter, ProgressBar
 from .checkpoint import CHECKPOINT_FILE, check_writable_folder, write_atomically
 from .exceptions import (
     CheckpointMismatchError,
@@ -48,6 +50,7 @@ from .graph import (
 from .learning_rate import BaseLearningRate, LearningRateAdam, LearningRateSGD, LearningRateSGDNesterov
 
 if TYPE_CHECKING:  # imported when fit runs: the other commands do not need it
+    from ._fit_loop import BaseOrtTrainer
     from .optimizer import OrtGradientOptimizer
 
 EXIT_OK, EXIT_TRAINING_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -154,11 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "eval",
         help="loss and metrics of a prediction graph on a .csv or .npz file",
-        epilog=(
-            "regression losses report loss, mse, mae and r2; --loss log (probabilities) or "
-            "cross_entropy (logits) report loss, accuracy and log_loss.\n"
-            "example: ort-train eval trained.onnx --data test.csv --target y"
-        ),
+        epilog=EVAL_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("model", help="an ONNX prediction graph")
     _data_arguments(p)
@@ -167,6 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EVAL_EPILOG = """\
+regression losses report loss, mse, mae and r2; --loss log (probabilities) or
+cross_entropy (logits) report loss, accuracy and log_loss.
+example: ort-train eval trained.onnx --data test.csv --target y
+"""
 EXPORT_STEP_EPILOG = """\
 the step's contract: feed the batch and the labels; each output <name>_new is the next step's
 input <name>; every other input has its initial value as a default (also in STEP.npz).
@@ -280,7 +285,7 @@ def _backend_argument(p: argparse.ArgumentParser) -> None:
 
 
 def _output_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of ``fit`` that decide what it writes: the model, the checkpoints, the bar."""
+    """The options of ``fit`` that decide what it writes: the model, the checkpoints, the progress."""
     p.add_argument("--out", required=True, help="where to write the trained prediction graph (.onnx)")
     p.add_argument(
         "--checkpoint",
@@ -303,7 +308,11 @@ def _output_arguments(p: argparse.ArgumentParser) -> None:
             "checked), --batch-size, --shuffle or --seed than the checkpoint's is refused"
         ),
     )
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress: a bar on a terminal, else (a log, CI, a pipe) one line per epoch on stderr",
+    )
 
 
 def _data_arguments(p: argparse.ArgumentParser) -> None:
@@ -612,8 +621,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         :data:`EXIT_OK`.
     """
     model = _load(args.model)
-    opsets = ", ".join(f"{o.domain or 'ai.onnx'} {o.version}" for o in model.opset_import)
-    print(f"model: {args.model} (IR {model.ir_version}; opsets: {opsets})")
+    print(f"model: {args.model} (IR {model.ir_version}; opsets: {_opsets_text(model)})")
     inits = {i.name for i in model.graph.initializer}
     print("inputs:")
     for vi in model.graph.input:
@@ -639,6 +647,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     else:
         print(f"gradient graph: no: {reason}")
     return EXIT_OK
+
+
+def _opsets_text(model: ModelProto) -> str:
+    """The opsets a model imports, each once in import order: skl2onnx imports ('', 22) twice,
+    and '' and 'ai.onnx' name the same domain."""
+    opsets = dict.fromkeys((o.domain or "ai.onnx", o.version) for o in model.opset_import)
+    return ", ".join(f"{domain} {version}" for domain, version in opsets)
 
 
 def _tensor_text(t: onnx.TensorProto) -> str:
@@ -803,8 +818,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
     interrupted = _train(trainer, args, *data)
     elapsed = time.perf_counter() - start
     if interrupted:
-        print("ort-train: interrupted; no model written", file=sys.stderr)
+        for line in _interrupted_lines(args, trainer):
+            print(line, file=sys.stderr)
         return EXIT_INTERRUPTED
+    _note_early_stop(args, trainer)
     save_model_atomically(trainer.get_trained_onnx(), args.out)
     losses = trainer.train_losses_
     print(f"epochs: {trainer.n_iter_}")
@@ -820,21 +837,87 @@ def _fit_trainer(args: argparse.Namespace, loss_model: ModelProto) -> OrtGradien
     """The trainer the options of ``fit`` describe."""
     from .optimizer import OrtGradientOptimizer
 
+    tol, patience = _stopping_rule(args)
     return OrtGradientOptimizer(
         loss_model,
         max_iter=args.epochs,
         batch_size=args.batch_size,
         learning_rate=_learning_rate(args),
         device=args.device,
-        verbose=0 if args.quiet else 1,
         shuffle=args.shuffle,
         random_state=args.seed,
-        tol=(1e-4 if args.tol is None else args.tol) if args.early_stopping else None,
-        n_iter_no_change=5 if args.patience is None else args.patience,
+        tol=tol if args.early_stopping else None,
+        n_iter_no_change=patience,
         checkpoint_dir=args.checkpoint,
         checkpoint_every=1 if args.checkpoint_every is None else args.checkpoint_every,
         backend=args.backend,
+        callbacks=_progress(args),
     )
+
+
+def _stopping_rule(args: argparse.Namespace) -> tuple[float, int]:
+    """--early-stopping's tolerance and patience, defaults filled in."""
+    return (1e-4 if args.tol is None else args.tol), (5 if args.patience is None else args.patience)
+
+
+def _progress(args: argparse.Namespace) -> list[Callback]:
+    """The progress callbacks: tqdm's bar (``verbose=1``'s) where its stream, stderr, is a
+    terminal; elsewhere (a log, CI, a pipe) one line per epoch, which a bar redrawn with
+    carriage returns would turn into one line of kilobytes; nothing with --quiet. Given as
+    callbacks, not ``verbose``, so that a note put before them prints before the bar."""
+    if args.quiet:
+        return []
+    if sys.stderr.isatty():
+        return [ProgressBar()]
+    return [EpochPrinter(stream="stderr", prefix=False)]
+
+
+class _ResumeNote(Callback):
+    """Says where a resumed run starts, before its first epoch line."""
+
+    def __init__(self, path: str, epochs: int) -> None:
+        self.path, self.epochs, self.said = path, epochs, False
+
+    def on_train_begin(self, trainer: BaseOrtTrainer, n_epochs: int) -> None:
+        if not self.said:
+            self.said = True
+            end = f"epoch {trainer.n_iter_} (of {self.epochs})"
+            print(f"ort-train: note: resumed from {self.path} at the end of {end}", file=sys.stderr)
+
+
+def _note_early_stop(args: argparse.Namespace, trainer: OrtGradientOptimizer) -> None:
+    """One line when --early-stopping ended the fit before --epochs."""
+    if not args.early_stopping or trainer.n_iter_ >= args.epochs:
+        return
+    tol, patience = _stopping_rule(args)
+    which = "validation" if trainer.validation_losses_ else "training"
+    print(
+        f"ort-train: note: stopped early at epoch {trainer.n_iter_}: the {which} loss did not improve "
+        f"by tol={tol:g} for {patience} epoch{'s' if patience != 1 else ''}",
+        file=sys.stderr,
+    )
+
+
+def _interrupted_lines(args: argparse.Namespace, trainer: OrtGradientOptimizer) -> list[str]:
+    """What Ctrl-C leaves and how to continue: the command line with --resume (or why none)."""
+    lines = [f"ort-train: interrupted (Ctrl-C) during epoch {trainer.n_iter_ + 1}; no model written"]
+    if args.checkpoint is None:
+        return [
+            *lines,
+            "ort-train: without --checkpoint there is nothing to resume: with --checkpoint DIR, "
+            "--resume would have continued from the last complete epoch",
+        ]
+    path = os.path.join(args.checkpoint, CHECKPOINT_FILE)
+    argv = getattr(args, "argv", None)  # set by main
+    if argv is None:
+        command = "the same ort-train fit command with --resume"
+    else:
+        command = shlex.join(["ort-train", *argv, *([] if args.resume else ["--resume"])])
+    return [
+        *lines,
+        f"ort-train: {path} holds the end of epoch {trainer.n_iter_}; continue with:",
+        f"  {command}",
+    ]
 
 
 def _train(
@@ -853,6 +936,11 @@ def _train(
             f"ort-train: note: starting over; {existing} is overwritten (--resume continues it)",
             file=sys.stderr,
         )
+    note = (
+        _ResumeNote(existing, args.epochs) if args.resume and existing and os.path.exists(existing) else None
+    )
+    if note is not None:  # first: the note goes before the bar or the first epoch's line
+        trainer.callbacks = [note, *(trainer.callbacks or ())]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if args.resume:
@@ -862,9 +950,13 @@ def _train(
                 raise _resume_refused(exc, str(existing)) from exc
         else:
             trainer.fit(X, y, X_val=X_val, y_val=y_val)
+    interrupted = [w for w in caught if issubclass(w.category, TrainingInterruptedWarning)]
     for w in caught:
-        print(f"ort-train: warning: {w.message}", file=sys.stderr)
-    return any(issubclass(w.category, TrainingInterruptedWarning) for w in caught)
+        if w not in interrupted:  # Ctrl-C: cmd_fit says it in the CLI's words (--resume)
+            print(f"ort-train: warning: {w.message}", file=sys.stderr)
+    if note is not None:  # said once: here when no epoch was left to run
+        note.on_train_begin(trainer, 0)
+    return bool(interrupted)
 
 
 def _resume_refused(exc: CheckpointMismatchError, checkpoint: str) -> _UsageError:
@@ -1243,6 +1335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) or bad usage (2): argparse printed the message
         return exc.code if isinstance(exc.code, int) else EXIT_BAD_INPUT
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # for the --resume line after Ctrl-C
     try:
         code: int = args.func(args)
     except ConvergenceError as exc:
