@@ -211,3 +211,32 @@ def test_inspect_names_each_opset_once(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert code == 0, err
     assert out.splitlines()[0] == f"model: {path} (IR 8; opsets: ai.onnx 17, ai.onnx.ml 3)"
+
+
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(files):
+    """``ort-train inspect m.onnx | head -1``: the reader gone, the command stops with the exit
+    code of a process SIGPIPE ends (128 + 13), without 'error: Broken pipe'. The read end is
+    closed before the first line is written, so every write fails."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ort_train_core", "inspect", str(files["dir"] / "mlp.onnx")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=300)
+    assert err == ""
+    assert proc.returncode == 128 + signal.SIGPIPE
+
+
+def test_epochs_spent_before_the_stop_is_said_in_the_options_words(files, tmp_path, capsys):
+    """--early-stopping that never stops: the trainer's 'max_iter=3 reached...' warning names
+    the option the CLI user gave, --epochs."""
+    argv = _argv(files, "--epochs", 3, "--early-stopping", "--tol", 1e-9, "--patience", 50)
+    code = cli.main([*argv, "--out", str(tmp_path / "t.onnx")])
+    _, err = capsys.readouterr()
+    assert code == 0, err
+    assert "ort-train: warning: --epochs 3 reached before the loss stopped improving by tol=1e-09" in err
+    assert "max_iter" not in err
+    assert "stopped early" not in err

@@ -1,7 +1,8 @@
 """The ``ort-train`` command: inspect, train and evaluate ONNX files without writing Python.
 
 Exit codes: 0 success; 1 training failed (the loss diverged, onnxruntime failed); 2 bad usage or
-bad input (the message goes to stderr, without a traceback); 130 interrupted by Ctrl-C.
+bad input (the message goes to stderr, without a traceback); 130 interrupted by Ctrl-C; 141 the
+reader of the output closed it (``| head``), as a process that SIGPIPE ends.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from .checkpoint import CHECKPOINT_FILE, check_writable_folder, write_atomically
 from .exceptions import (
     CheckpointMismatchError,
     ConvergenceError,
+    ConvergenceWarning,
     CudaUnavailableError,
     TrainingInterruptedWarning,
 )
@@ -54,6 +56,8 @@ if TYPE_CHECKING:  # imported when fit runs: the other commands do not need it
     from .optimizer import OrtGradientOptimizer
 
 EXIT_OK, EXIT_TRAINING_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+#: 128 + SIGPIPE, what a shell reports for a command whose reader closed the pipe
+EXIT_BROKEN_PIPE = 141
 
 LOSSES = ("squared_error", "absolute_error", "elastic", "log", "cross_entropy")
 CLASSIFICATION_LOSSES = ("log", "cross_entropy")
@@ -76,7 +80,8 @@ data files: a .csv with a header row (numbers only) or an .npz; the target is th
 array) --target, the features every other column (in file order), or the .npz array 'X'.
 Inputs of other ranks or types (images, int64 ids, masks) and several inputs: an .npz with one
 array per model input, named after it (np.savez('d.npz', input_ids=ids, attention_mask=m, y=y)).
-exit codes: 0 success, 1 training failed (diverged), 2 bad usage or input, 130 interrupted.
+exit codes: 0 success, 1 training failed (diverged), 2 bad usage or input, 130 interrupted,
+141 the output's reader closed the pipe (| head).
 """
 
 
@@ -953,10 +958,20 @@ def _train(
     interrupted = [w for w in caught if issubclass(w.category, TrainingInterruptedWarning)]
     for w in caught:
         if w not in interrupted:  # Ctrl-C: cmd_fit says it in the CLI's words (--resume)
-            print(f"ort-train: warning: {w.message}", file=sys.stderr)
+            print(f"ort-train: warning: {_in_option_words(args, w)}", file=sys.stderr)
     if note is not None:  # said once: here when no epoch was left to run
         note.on_train_begin(trainer, 0)
     return bool(interrupted)
+
+
+def _in_option_words(args: argparse.Namespace, w: warnings.WarningMessage) -> str:
+    """A trainer's warning, with the parameter the CLI user set through an option named as
+    that option (max_iter is --epochs)."""
+    text = str(w.message)
+    spent = f"max_iter={args.epochs} reached"
+    if issubclass(w.category, ConvergenceWarning) and text.startswith(spent):
+        return f"--epochs {args.epochs} reached{text[len(spent) :]}"
+    return text
 
 
 def _resume_refused(exc: CheckpointMismatchError, checkpoint: str) -> _UsageError:
@@ -1316,6 +1331,16 @@ def _error_text(exc: BaseException) -> str:
     return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
+def _silence_stdout() -> None:
+    """Points stdout at os.devnull: the interpreter's last flush into the closed pipe would
+    otherwise print 'Exception ignored ... BrokenPipeError' (Python's documented remedy)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no file descriptor (a captured stdout): nothing to flush
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs one ``ort-train`` command.
 
@@ -1328,7 +1353,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     -------
     int
         The exit code (the console script exits with it): :data:`EXIT_OK`,
-        :data:`EXIT_TRAINING_FAILED`, :data:`EXIT_BAD_INPUT` or :data:`EXIT_INTERRUPTED`.
+        :data:`EXIT_TRAINING_FAILED`, :data:`EXIT_BAD_INPUT`, :data:`EXIT_INTERRUPTED` or
+        :data:`EXIT_BROKEN_PIPE`.
     """
     parser = build_parser()
     try:
@@ -1338,6 +1364,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)  # for the --resume line after Ctrl-C
     try:
         code: int = args.func(args)
+    except BrokenPipeError:  # `ort-train inspect m.onnx | head -1`: the reader has what it wanted
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     except ConvergenceError as exc:
         print(f"ort-train: training failed: {_error_text(exc)}", file=sys.stderr)
         return EXIT_TRAINING_FAILED
