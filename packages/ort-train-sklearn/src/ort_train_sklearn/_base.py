@@ -999,6 +999,12 @@ class OrtClassifierMixin(OrtEstimatorMixin):
 
     _is_classifier = True
 
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        # a classifier that fits indicator matrices says so, as scikit-learn's MLPClassifier
+        tags.classifier_tags.multi_label = self._supports_multilabel
+        return tags
+
     @available_if(lambda est: est._check_partial_fit())
     def partial_fit(
         self: _Estimator, X: Any, y: Any, classes: Any = None, sample_weight: Any = None
