@@ -1,14 +1,18 @@
 """Every task of the monorepo: `nox -l` lists them.
 
 Environments use virtualenv + pip: pip finds the local CPU build of torch==2.13.0, uv does not.
+Interpreters: the `python3.X` on PATH, else the newest pyenv install of each (no PYENV_VERSION needed);
+the test sessions log which Pythons were found and which one each session runs.
 """
 
 from __future__ import annotations
 
 import os
 import pathlib
+import re
 import shutil
 import sys
+from collections.abc import Mapping, Sequence
 
 import nox
 
@@ -41,7 +45,15 @@ TEST_SUITES = {
     # included (issue 26): the scikit-learn adapter everywhere, the torch one where torch is
     "core": (
         ["ort-train-core", "ort-train-sklearn"],
-        ["scikit-learn", "skl2onnx", TORCH, ONNXSCRIPT, "transformers; python_version == '3.11'"],
+        # nox: test_noxfile.py imports the noxfile (its pyenv discovery, its session list)
+        [
+            "scikit-learn",
+            "skl2onnx",
+            TORCH,
+            ONNXSCRIPT,
+            "transformers; python_version == '3.11'",
+            "nox; python_version == '3.11'",
+        ],
         "tests/core",
     ),
     "sklearn": (["ort-train-core", "ort-train-sklearn"], [], "tests/sklearn_adapter"),
@@ -65,6 +77,90 @@ STOCK_PYTHON = "3.13"
 ONNX_SUITES = ("core", "sklearn", "zoo")
 #: the variable that makes every trainer, estimator and OnnxModule use a backend (_backends.py)
 BACKEND_VARIABLE = "ORT_TRAIN_BACKEND"
+
+
+#: every interpreter a session asks for
+WANTED_PYTHONS = sorted({*PYTHONS, PRIMARY_PYTHON, STOCK_PYTHON}, key=lambda v: tuple(map(int, v.split("."))))
+
+
+def pyenv_bin_dirs(root: pathlib.Path, versions: Sequence[str]) -> dict[str, pathlib.Path]:
+    """The `bin` folder of the newest pyenv install of each wanted `X.Y` under `root/versions`.
+
+    Parameters
+    ----------
+    root : pathlib.Path
+        pyenv's root (`$PYENV_ROOT`, by default `~/.pyenv`).
+    versions : Sequence[str]
+        The wanted `X.Y` versions.
+
+    Returns
+    -------
+    dict[str, pathlib.Path]
+        `X.Y` -> the `bin` folder of its highest `X.Y.Z` holding `pythonX.Y`; versions pyenv lacks
+        are left out, as are dev, free-threaded (`t`) and virtualenv entries.
+    """
+    newest: dict[str, tuple[int, pathlib.Path]] = {}
+    try:
+        entries = list((root / "versions").iterdir())
+    except OSError:  # no pyenv here
+        return {}
+    for entry in entries:
+        match = re.fullmatch(r"(\d+\.\d+)\.(\d+)", entry.name)
+        if match is None or match[1] not in versions:
+            continue
+        if not (entry / "bin" / f"python{match[1]}").is_file():  # a partial or broken install
+            continue
+        patch = int(match[2])
+        if match[1] not in newest or patch > newest[match[1]][0]:
+            newest[match[1]] = (patch, entry / "bin")
+    return {version: newest[version][1] for version in versions if version in newest}
+
+
+def path_with_pyenv(path: str, root: pathlib.Path, versions: Sequence[str]) -> str:
+    """`path` (a PATH value) with the pyenv `bin` folders of `versions` appended.
+
+    Appended, not prepended: an interpreter already on PATH (a virtualenv, a pyenv shim of an
+    active version, the system's python3.12) keeps precedence, and the bare `python` and `pip`
+    of commands run with `external=True` keep their meaning. A pyenv shim of an inactive version
+    (`python3.12` while `pyenv version` says 3.11) finds the appended folder too: pyenv falls back
+    to PATH when the active versions lack the command.
+    """
+    entries = [entry for entry in path.split(os.pathsep) if entry]
+    extra = [str(folder) for folder in pyenv_bin_dirs(root, versions).values()]
+    return os.pathsep.join([*entries, *(folder for folder in extra if folder not in entries)])
+
+
+def _pyenv_root(environ: Mapping[str, str]) -> pathlib.Path:
+    # pyenv's own rule (`pyenv root`), without running it
+    return pathlib.Path(environ.get("PYENV_ROOT") or pathlib.Path.home() / ".pyenv")
+
+
+# nox looks for `python3.X` on PATH; pyenv makes only its active versions visible there (its
+# shims run the versions `pyenv version` names), so without this every session but the active
+# version's was skipped as a missing interpreter unless PYENV_VERSION listed the others
+os.environ["PATH"] = path_with_pyenv(os.environ.get("PATH", ""), _pyenv_root(os.environ), WANTED_PYTHONS)
+_REPORTED: list[bool] = []
+
+
+def _report_interpreters(session: nox.Session) -> None:
+    """Logs once per nox run which wanted Pythons exist (the others' sessions are skipped), and
+    in every session the interpreter it runs."""
+    if not _REPORTED:
+        _REPORTED.append(True)
+        # pyenv's shims folder left out: a shim names no interpreter (the report gives the file)
+        shims = str(_pyenv_root(os.environ) / "shims")
+        path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != shims)
+        found = {v: shutil.which(f"python{v}", path=path) for v in WANTED_PYTHONS}
+        listed = ", ".join(f"{v} ({exe})" for v, exe in found.items() if exe)
+        missing = [v for v, exe in found.items() if exe is None]
+        session.log(f"Pythons found: {listed or 'none'}")
+        if missing:
+            session.log(f"Pythons missing (their sessions are skipped): {', '.join(missing)}")
+    session.run("python", "-c", _PRINT_PYTHON, silent=False)
+
+
+_PRINT_PYTHON = "import platform, sys; print('python:', platform.python_version(), 'from', sys.base_prefix)"
+
 # CI time (2 cores, 45 minutes, issue 27 item 8). Before issue 27, lint, typecheck and the
 # 3.10-3.12 `tests` took 17-25 min. The four tests_onnx sessions add, measured on the 2-core
 # machine at n=1 under a load of 5-7 (2026-11-26): 3.13 core 70 s install + 238 s tests, 3.13
@@ -89,6 +185,7 @@ XDIST_SUITES = ("core", "sklearn")
 @nox.parametrize("package", list(TEST_SUITES))
 def tests(session: nox.Session, package: str, device: str) -> None:
     """One distribution's tests; `device=cuda` runs the tests marked `cuda` (they skip without a GPU)."""
+    _report_interpreters(session)
     if device == "cuda":
         if shutil.which("nvidia-smi") is None:
             session.skip("no NVIDIA GPU on this machine: the cuda tests run where one exists")
@@ -138,6 +235,7 @@ def tests_onnx(session: nox.Session, package: str) -> None:
     On 3.11 every trainer, estimator and OnnxModule uses our backend over the training build's
     onnxruntime (`ORT_TRAIN_BACKEND=onnx`); on 3.13 the `[cpu]` extra installs stock onnxruntime,
     where ours is the default (tests needing torch skip: no torch for 3.13 here)."""
+    _report_interpreters(session)
     _skip_without_torch(session, package)
     if session.python == PRIMARY_PYTHON:
         session.env[BACKEND_VARIABLE] = "onnx"
@@ -190,8 +288,10 @@ def tests_js(session: nox.Session) -> None:
 
 @nox.session(python=PRIMARY_PYTHON)
 def tests_cpp(session: nox.Session) -> None:
-    """The C++ loop examples/cpp/train_step.cpp: compiled with g++ against onnxruntime's C++ API
-    and checked against OrtGradientOptimizer's weights (tests/cpp).
+    """The C++ loop examples/cpp/train_step.cpp, built with g++ and checked against Python's.
+
+    Compiled against onnxruntime's C++ API and checked against OrtGradientOptimizer's weights
+    (tests/cpp).
 
     The headers come from Debian 13's libonnxruntime-dev (examples/cpp/onnxruntime_headers.sh,
     apt-get, no install); the library from the stock onnxruntime wheel the `[stock]` extra brings."""
@@ -214,6 +314,7 @@ def tests_cpp(session: nox.Session) -> None:
 
 @nox.session(python=PRIMARY_PYTHON)
 def lint(session: nox.Session) -> None:
+    """Ruff: lint rules and formatting (`ruff check`, `ruff format --check`) on the whole tree."""
     session.install("ruff")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
@@ -221,6 +322,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PRIMARY_PYTHON)
 def typecheck(session: nox.Session) -> None:
+    """Mypy (strict) on the three distributions, with the settings of pyproject.toml."""
     session.install("mypy", "numpy", TORCH)
     _install_core(session)
     session.install("-e", "packages/ort-train-sklearn", "-e", "packages/ort-train-torch")
@@ -237,8 +339,9 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python=PRIMARY_PYTHON)
 def docs(session: nox.Session) -> None:
-    """Builds the Sphinx site in docs/_build/html, running every gallery example; any warning
-    fails the build."""
+    """Builds the Sphinx site in docs/_build/html, running every gallery example.
+
+    Any warning fails the build."""
     # the local CPU build of torch, pinned, before the torch adapter asks for `torch>=2.1`
     session.install("torch==2.13.0")
     _install_core(session)
@@ -261,8 +364,9 @@ def docs(session: nox.Session) -> None:
 
 @nox.session(python=PRIMARY_PYTHON)
 def bench(session: nox.Session) -> None:
-    """Benchmarks against numpy, torch and scikit-learn (CPU); `-- --quick` for a short run
-    (under 5 minutes on 2 cores)."""
+    """Benchmarks against numpy, torch and scikit-learn (CPU); `-- --quick` for a short run.
+
+    The quick run takes under 5 minutes on 2 cores."""
     args = list(session.posargs)
     # torch first, pinned (on a GPU machine PyPI's torch==2.13.0 is a CUDA build)
     session.install("torch==2.13.0")
@@ -277,8 +381,9 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(python=PRIMARY_PYTHON)
 def build(session: nox.Session) -> None:
-    """Builds wheel and sdist of every distribution, then installs each wheel alone in a fresh
-    venv and imports it: what a user's pip gets."""
+    """Builds wheel and sdist of every distribution and installs each wheel alone.
+
+    Each wheel goes into a fresh venv and is imported there: what a user's pip gets."""
     session.install("build")
     dist = ROOT / "dist"
     shutil.rmtree(dist, ignore_errors=True)
