@@ -1,15 +1,21 @@
 """scikit-learn conventions of the adapter (issue 30, item 12): the estimator tags say what
-the estimators fit, as scikit-learn's own say."""
+the estimators fit, as scikit-learn's own say; a y in the graph's own [N, 1] shape is taken
+without a DataConversionWarning."""
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
-from sklearn.datasets import make_multilabel_classification
-from sklearn.linear_model import SGDClassifier
-from sklearn.neural_network import MLPClassifier
+from typing import Any
 
-from ort_train_sklearn import OrtMLPClassifier, OrtSGDClassifier
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from sklearn.datasets import make_multilabel_classification
+from sklearn.exceptions import DataConversionWarning
+from sklearn.linear_model import LinearRegression, SGDClassifier
+from sklearn.neural_network import MLPClassifier, MLPRegressor
+
+from ort_train_sklearn import OnnxModelRegressor, OrtMLPClassifier, OrtSGDClassifier
 
 
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
@@ -25,3 +31,54 @@ def test_mlp_classifier_multi_label_tag_as_scikit_learn() -> None:
     sgd = SGDClassifier().__sklearn_tags__().classifier_tags.multi_label
     assert OrtSGDClassifier().__sklearn_tags__().classifier_tags.multi_label is sgd is False
     assert np.isin(ours.predict(X), (0, 1)).all()
+
+
+def _linear_graph(n_features: int, out_dims: list[Any], input_name: str = "x") -> onnx.ModelProto:
+    """y = x @ W + b, the output declared with out_dims."""
+    W = numpy_helper.from_array(np.random.RandomState(0).randn(n_features, 1).astype(np.float32), "W")
+    b = numpy_helper.from_array(np.zeros(1, np.float32), "b")
+    nodes = [helper.make_node("Gemm", [input_name, "W", "b"], ["z"])]
+    if len(out_dims) == 1:
+        nodes.append(helper.make_node("Squeeze", ["z", "axis1"], ["y"]))
+    else:
+        nodes.append(helper.make_node("Identity", ["z"], ["y"]))
+    graph = helper.make_graph(
+        nodes,
+        "linear",
+        [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, ["N", n_features])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_dims)],
+        [W, b, numpy_helper.from_array(np.array([1], np.int64), "axis1")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.filterwarnings("error")
+def test_onnx_regressor_takes_y_of_the_graphs_column_shape() -> None:
+    # the graph predicts [N, 1]: a y of that shape is its own, taken as LinearRegression takes
+    # a column y (no DataConversionWarning, predictions of the same shape)
+    rng = np.random.RandomState(0)
+    X = rng.randn(40, 3).astype(np.float32)
+    y = (X @ np.array([[1.0], [2.0], [3.0]])).astype(np.float32)
+    params: dict[str, Any] = dict(max_iter=3, learning_rate_init=0.05, shuffle=False, random_state=0)
+    column = OnnxModelRegressor(_linear_graph(3, ["N", 1]), **params).fit(X, y)
+    assert column.predict(X).shape == LinearRegression().fit(X, y).predict(X).shape == (40, 1)
+    # the same training as with the raveled y
+    flat = OnnxModelRegressor(_linear_graph(3, ["N", 1]), **params).fit(X, y.ravel())
+    assert flat.predict(X).shape == (40,)
+    np.testing.assert_array_equal(column.predict(X).ravel(), flat.predict(X))
+    np.testing.assert_array_equal(column.loss_curve_, flat.loss_curve_)
+    assert column.score(X, y) == pytest.approx(flat.score(X, y.ravel()), rel=1e-6)
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_onnx_regressor_warns_for_a_column_y_of_a_flat_graph() -> None:
+    # a graph predicting [N] keeps scikit-learn's warning for a column y, as MLPRegressor's
+    rng = np.random.RandomState(0)
+    X = rng.randn(40, 3).astype(np.float32)
+    y = X[:, :1].copy()
+    with pytest.warns(DataConversionWarning, match="column-vector y"):
+        MLPRegressor(max_iter=1).fit(X, y)
+    with pytest.warns(DataConversionWarning, match="column-vector y"):
+        OnnxModelRegressor(_linear_graph(3, ["N"]), max_iter=1).fit(X, y)

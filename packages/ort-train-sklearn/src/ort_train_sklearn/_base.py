@@ -402,9 +402,15 @@ class OrtEstimatorMixin(BaseEstimator):
         raise NotImplementedError
 
     # ---- fit ----------------------------------------------------------------------------
+    def _predicts_column(self) -> bool:
+        """Whether the prediction is a column [N, 1], so that a y of that shape is kept as
+        given (and predicted so) instead of raveled with a DataConversionWarning."""
+        return False
+
     def _prepare_targets(self, y: np.ndarray, first: bool, classes: Any = None) -> tuple[np.ndarray, int]:
         if not self._is_classifier:
-            y = _raveled_column(_to_float32("y", y))
+            y = _to_float32("y", y)
+            y = y if self._predicts_column() else _raveled_column(y)
             n_outputs = 1 if y.ndim == 1 else y.shape[1]
             if first:
                 self._y_ndim = y.ndim

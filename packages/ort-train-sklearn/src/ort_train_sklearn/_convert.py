@@ -122,6 +122,9 @@ class TrainableGraph:
         (multiclass); None for a regressor.
     weights : list of str, default=[]
         The float initializers to train by default.
+    output_rank : int, default=2
+        The rank of the given graph's prediction: 1 for a regressor's [N], which ``model``
+        predicts as [N, 1].
 
     Attributes
     ----------
@@ -137,6 +140,7 @@ class TrainableGraph:
     classes: np.ndarray | None = None
     probability: str | None = None
     weights: list[str] = field(default_factory=list)
+    output_rank: int = 2
 
     @property
     def n_features(self) -> int:
@@ -375,6 +379,7 @@ def _from_onnx(
         classes=classes,
         probability=probability,
         weights=weights,
+        output_rank=np.ndim(reference),
     )
 
 

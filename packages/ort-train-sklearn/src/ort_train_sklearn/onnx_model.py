@@ -190,6 +190,10 @@ class OnnxModelRegressor(OrtRegressorMixin, RegressorMixin, _OnnxModelBase):
     """Trains (fine-tunes) a regression graph: an ONNX model, its bytes or path, or a fitted
     scikit-learn regressor (converted with skl2onnx into a trainable graph).
 
+    A ``y`` of shape (n_samples, 1) fits a graph whose output is [N, 1] as given, without
+    scikit-learn's ``DataConversionWarning``, and ``predict`` then returns that shape (as
+    ``LinearRegression`` does for a column ``y``).
+
     Parameters
     ----------
     model : onnx.ModelProto, bytes, str, path or estimator, default=None
@@ -270,6 +274,11 @@ class OnnxModelRegressor(OrtRegressorMixin, RegressorMixin, _OnnxModelBase):
     def _loss(self, n_outputs: int) -> tuple[str, str, float]:
         partial = {"squared_error": "square_error"}.get(self.loss, self.loss)
         return self.loss, partial, 1.0
+
+    def _predicts_column(self) -> bool:
+        # y in the graph's own [N, 1] shape is what the graph predicts: no DataConversionWarning
+        graph = getattr(self, "_graph_", None)
+        return graph is not None and graph.output_rank == 2 and _is_column(graph.model, graph.output_name)
 
 
 @fill_doc(_ONNX_MODEL_ENTRIES)
@@ -397,6 +406,15 @@ class OnnxModelClassifier(OrtClassifierMixin, ClassifierMixin, _OnnxModelBase):
         if self.classes is not None:
             check_not_reordered(self.classes, own)
         return own
+
+
+def _is_column(model: ModelProto, output: str) -> bool:
+    """Whether the graph's output is declared [N, 1]."""
+    for value in model.graph.output:
+        if value.name == output:
+            dims = value.type.tensor_type.shape.dim
+            return len(dims) == 2 and dims[1].HasField("dim_value") and dims[1].dim_value == 1
+    return False
 
 
 def _is_fitted(estimator: Any) -> bool:
