@@ -15,6 +15,7 @@ from sklearn.exceptions import DataConversionWarning
 from sklearn.linear_model import LinearRegression, SGDClassifier
 from sklearn.neural_network import MLPClassifier, MLPRegressor
 
+from ort_train_core import LearningRateAdam
 from ort_train_sklearn import OnnxModelRegressor, OrtMLPClassifier, OrtSGDClassifier
 
 
@@ -82,3 +83,19 @@ def test_onnx_regressor_warns_for_a_column_y_of_a_flat_graph() -> None:
         MLPRegressor(max_iter=1).fit(X, y)
     with pytest.warns(DataConversionWarning, match="column-vector y"):
         OnnxModelRegressor(_linear_graph(3, ["N"]), max_iter=1).fit(X, y)
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_messages_show_plain_numbers_not_numpy_reprs() -> None:
+    X = np.random.RandomState(0).randn(20, 3)
+    with pytest.raises(ValueError, match="only one class") as one_class:
+        OrtMLPClassifier(max_iter=1).fit(X, np.full(20, 3.0))
+    assert str(one_class.value).endswith("only one class: 3.0")
+    # a learning rate from np.logspace (as a grid search gives it) shows as the float typed
+    # in: the repr the trainers compare on a warm fit and key their graph caches with
+    rate = np.logspace(-3, -2, 3)[1]
+    assert repr(LearningRateAdam(eta0=rate)) == repr(LearningRateAdam(eta0=float(rate)))
+    assert repr(LearningRateAdam(eta0=np.float32(0.002))) == "LearningRateAdam(eta0=0.002)"
+    with pytest.raises(ValueError, match="learning rate") as invalid:
+        LearningRateAdam(eta0=np.float64(np.nan)).validate()
+    assert str(invalid.value).endswith("got nan")

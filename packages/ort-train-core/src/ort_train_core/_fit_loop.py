@@ -24,7 +24,7 @@ from ._binding import check_threads
 from ._data import BatchStore, DataSpec, _count_non_finite, check_fit_arrays
 from ._data import _all_finite as _array_finite
 from ._ort_errors import is_onnxruntime_error, run_failure
-from ._params import ParamsMixin
+from ._params import ParamsMixin, plain_repr
 from ._runtime import Device, parse_device
 from .callbacks import Callback, EarlyStopping, EpochPrinter, ProgressBar
 from .checkpoint import (
@@ -260,7 +260,7 @@ class BaseOrtTrainer(ParamsMixin):
         _positive_int("batch_size", self.batch_size)
         _positive_int("n_iter_no_change", self.n_iter_no_change)
         if self.tol is not None and not (isinstance(self.tol, (int, float)) and self.tol >= 0):
-            raise ValueError(f"tol must be None or a number >= 0, got {self.tol!r}")
+            raise ValueError(f"tol must be None or a number >= 0, got {plain_repr(self.tol)}")
         if self.verbose not in (0, 1, 2, False, True):
             raise ValueError(
                 f"verbose must be 0, 1 (progress bar) or 2 (one line per epoch), got {self.verbose!r}"

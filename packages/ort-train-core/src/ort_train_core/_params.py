@@ -8,7 +8,18 @@ import functools
 import inspect
 from typing import Any, TypeVar
 
+import numpy as np
+
 T = TypeVar("T", bound="ParamsMixin")
+
+
+def plain_repr(value: Any) -> str:
+    """``repr`` with numpy scalars as the plain values they hold (``0.01``, ``3``, ``'a'``):
+    NumPy 2's ``np.float64(0.01)`` in a message or a repr says nothing more, and a parameter
+    taken from ``np.logspace`` would otherwise differ in repr from the same float typed in."""
+    if isinstance(value, (np.number, np.bool_)):
+        return str(value)  # the shortest text that round-trips in the scalar's own precision
+    return repr(value.item() if isinstance(value, np.generic) else value)
 
 
 @functools.cache
@@ -72,6 +83,7 @@ class ParamsMixin:
             except (ValueError, TypeError):
                 same = False
             if not same:
-                shown = f"<{type(value).__name__}>" if hasattr(value, "SerializeToString") else repr(value)
+                model = hasattr(value, "SerializeToString")
+                shown = f"<{type(value).__name__}>" if model else plain_repr(value)
                 parts.append(f"{name}={shown}")
         return f"{type(self).__name__}({', '.join(parts)})"

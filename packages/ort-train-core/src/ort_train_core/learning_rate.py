@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 
 from ._builder import NodeBuilder
-from ._params import ParamsMixin
+from ._params import ParamsMixin, plain_repr
 
 _SCHEDULES = ("constant", "invscaling", "optimal", "adaptive")
 
@@ -158,7 +158,7 @@ class BaseLearningRate(ParamsMixin):
             or not isinstance(eta0, numbers.Real)
             or not (float(eta0) > 0 and math.isfinite(eta0))
         ):
-            raise ValueError(f"eta0 (the learning rate) must be a finite number > 0, got {eta0!r}")
+            raise ValueError(f"eta0 (the learning rate) must be a finite number > 0, got {plain_repr(eta0)}")
 
     #: whether :meth:`step_scalar_nodes` reads the count of steps done (Adam's bias corrections)
     needs_step_count: bool = False

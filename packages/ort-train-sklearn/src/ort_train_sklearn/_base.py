@@ -436,7 +436,7 @@ class OrtEstimatorMixin(BaseEstimator):
             if len(self.classes_) < 2:
                 raise ValueError(
                     f"{type(self).__name__} needs samples of at least 2 classes in the data, but the "
-                    f"data contains only one class: {self.classes_[0]!r}"
+                    f"data contains only one class: {self.classes_[:1].tolist()[0]!r}"
                 )
         elif classes is not None and not _same_classes(classes, self.classes_):
             # scikit-learn's rule: the model has one output per class of the first call
