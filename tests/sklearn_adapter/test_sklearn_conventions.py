@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnxruntime
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from sklearn.datasets import make_multilabel_classification
@@ -16,7 +17,7 @@ from sklearn.linear_model import LinearRegression, SGDClassifier
 from sklearn.neural_network import MLPClassifier, MLPRegressor
 
 from ort_train_core import LearningRateAdam
-from ort_train_sklearn import OnnxModelRegressor, OrtMLPClassifier, OrtSGDClassifier
+from ort_train_sklearn import OnnxModelClassifier, OnnxModelRegressor, OrtMLPClassifier, OrtSGDClassifier
 
 
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
@@ -99,3 +100,23 @@ def test_messages_show_plain_numbers_not_numpy_reprs() -> None:
     with pytest.raises(ValueError, match="learning rate") as invalid:
         LearningRateAdam(eta0=np.float64(np.nan)).validate()
     assert str(invalid.value).endswith("got nan")
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_to_onnx_keeps_the_given_input_name() -> None:
+    # the deployed graph takes the input the user's graph took: {"x": X}, not {"X": X}
+    rng = np.random.RandomState(0)
+    X = rng.randn(30, 3).astype(np.float32)
+    regressor = OnnxModelRegressor(_linear_graph(3, ["N", 1]), max_iter=2).fit(X, X[:, 0])
+    classifier = OnnxModelClassifier(_linear_graph(3, ["N", 1], "features"), max_iter=2)
+    classifier.fit(X, (X[:, 0] > 0).astype(int))
+    for model, name, expected in [(regressor, "x", regressor.predict(X)), (classifier, "features", None)]:
+        onx = model.to_onnx()
+        assert [i.name for i in onx.graph.input] == [name]
+        sess = onnxruntime.InferenceSession(onx.SerializeToString(), providers=["CPUExecutionProvider"])
+        outputs = sess.run(None, {name: X})
+        if expected is not None:
+            np.testing.assert_allclose(outputs[0].ravel(), expected, rtol=1e-6)
+        else:
+            np.testing.assert_array_equal(outputs[0], classifier.predict(X))
+            np.testing.assert_allclose(outputs[1], classifier.predict_proba(X), rtol=1e-5, atol=1e-7)

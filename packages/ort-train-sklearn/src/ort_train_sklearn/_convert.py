@@ -125,6 +125,8 @@ class TrainableGraph:
     output_rank : int, default=2
         The rank of the given graph's prediction: 1 for a regressor's [N], which ``model``
         predicts as [N, 1].
+    input_name : str, default='X'
+        The given graph's name for its 2-D float input, which ``model`` calls ``'X'``.
 
     Attributes
     ----------
@@ -141,6 +143,7 @@ class TrainableGraph:
     probability: str | None = None
     weights: list[str] = field(default_factory=list)
     output_rank: int = 2
+    input_name: str = INPUT_NAME
 
     @property
     def n_features(self) -> int:
@@ -380,6 +383,7 @@ def _from_onnx(
         probability=probability,
         weights=weights,
         output_rank=np.ndim(reference),
+        input_name=x_name or INPUT_NAME,
     )
 
 

@@ -32,7 +32,7 @@ from ._base import (
     OrtRegressorMixin,
     _same_classes,
 )
-from ._convert import TrainableGraph, check_not_reordered, to_trainable_graph
+from ._convert import INPUT_NAME, TrainableGraph, _rename, check_not_reordered, to_trainable_graph
 from ._docs import Entry, fill_doc
 
 #: the parameters and attributes both estimators document alike
@@ -133,6 +133,23 @@ class _OnnxModelBase(OrtEstimatorMixin):
 
     def _store_weights(self, weights: dict[str, np.ndarray]) -> None:
         self.weights_ = weights
+
+    def to_onnx(self) -> ModelProto:
+        """A deployable model for any onnxruntime InferenceSession, its input named as the
+        given model's (``x`` stays ``x``).
+
+        Returns
+        -------
+        onnx.ModelProto
+            The trained graph: a regressor's outputs its prediction, a classifier's 'label'
+            then 'probabilities' (as skl2onnx exports them).
+        """
+        model = super().to_onnx()
+        graph = getattr(self, "_graph_", None)
+        if graph is None or getattr(self, "_inputs_", None) is not None:  # inputs kept as given
+            return model
+        # the trainable graph calls a 2-D input INPUT_NAME, as the estimators feed it
+        return _rename(model, INPUT_NAME, graph.input_name)
 
     def _start_fit(self, X: Any, y: Any) -> None:
         """Converts the model (resume too: the graph the checkpoint's weights belong to).
