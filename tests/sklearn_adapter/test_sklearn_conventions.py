@@ -11,13 +11,19 @@ import onnx
 import onnxruntime
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from sklearn.datasets import make_multilabel_classification
+from sklearn.datasets import load_iris, make_multilabel_classification
 from sklearn.exceptions import DataConversionWarning
 from sklearn.linear_model import LinearRegression, SGDClassifier
 from sklearn.neural_network import MLPClassifier, MLPRegressor
 
 from ort_train_core import LearningRateAdam
-from ort_train_sklearn import OnnxModelClassifier, OnnxModelRegressor, OrtMLPClassifier, OrtSGDClassifier
+from ort_train_sklearn import (
+    OnnxModelClassifier,
+    OnnxModelRegressor,
+    OrtMLPClassifier,
+    OrtSGDClassifier,
+    OrtSGDRegressor,
+)
 
 
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
@@ -120,3 +126,28 @@ def test_to_onnx_keeps_the_given_input_name() -> None:
         else:
             np.testing.assert_array_equal(outputs[0], classifier.predict(X))
             np.testing.assert_allclose(outputs[1], classifier.predict_proba(X), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_to_onnx_takes_float64_on_request() -> None:
+    # float64 in, float64 out, as the estimators' predict for float64 X (computed in float32)
+    X, y = load_iris(return_X_y=True)
+    classifier = OrtMLPClassifier(hidden_layer_sizes=(5,), max_iter=5, random_state=0).fit(X, y)
+    regressor = OrtSGDRegressor(max_iter=5, random_state=0).fit(X, X[:, 0])
+    column = OnnxModelRegressor(_linear_graph(4, ["N", 1]), max_iter=2).fit(X, X[:, :1])
+    for model, name in [(classifier, "X"), (regressor, "X"), (column, "x")]:
+        onx = model.to_onnx(dtype=np.float64)
+        sess = onnxruntime.InferenceSession(onx.SerializeToString(), providers=["CPUExecutionProvider"])
+        assert [(i.name, i.type) for i in sess.get_inputs()] == [(name, "tensor(double)")]
+        outputs = sess.run(None, {name: X})
+        expected = model.predict(X)
+        assert outputs[0].dtype == expected.dtype
+        np.testing.assert_allclose(outputs[0].reshape(expected.shape), expected, rtol=1e-6)
+    np.testing.assert_allclose(outputs[0], column.predict(X), rtol=1e-6)
+    probabilities = onnxruntime.InferenceSession(
+        classifier.to_onnx(dtype=np.float64).SerializeToString(), providers=["CPUExecutionProvider"]
+    ).run(None, {"X": X})[1]
+    assert probabilities.dtype == np.float64
+    np.testing.assert_allclose(probabilities, classifier.predict_proba(X), rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match=r"dtype must be numpy\.float32 or numpy\.float64, got int32"):
+        regressor.to_onnx(dtype=np.int32)

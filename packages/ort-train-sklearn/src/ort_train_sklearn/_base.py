@@ -57,7 +57,7 @@ from ort_train_core.extending import (
 )
 from ort_train_core.graph import initializer_values, inputs_to_initializers, set_metadata
 
-from ._graphs import classifier_head, copy_model, probabilities
+from ._graphs import classifier_head, copy_model, probabilities, with_float_type
 
 _Estimator = TypeVar("_Estimator", bound="OrtEstimatorMixin")
 
@@ -885,8 +885,14 @@ class OrtEstimatorMixin(BaseEstimator):
         model: ModelProto = self._trainer.get_trained_onnx()
         return model
 
-    def to_onnx(self) -> ModelProto:
+    def to_onnx(self, dtype: Any = np.float32) -> ModelProto:
         """A deployable model for any onnxruntime InferenceSession.
+
+        Parameters
+        ----------
+        dtype : numpy.float32 or numpy.float64, default=numpy.float32
+            The float type the model takes and returns; float64 casts the input to float32
+            and the float outputs back (it computes in float32, as the training did).
 
         Returns
         -------
@@ -895,9 +901,9 @@ class OrtEstimatorMixin(BaseEstimator):
             then 'probabilities' (as skl2onnx exports them).
         """
         raw = self._trained_graph()
-        if not self._is_classifier:
-            return raw
-        return classifier_head(raw, raw.graph.output[0].name, self.classes_, self._head_kind())
+        if self._is_classifier:
+            raw = classifier_head(raw, raw.graph.output[0].name, self.classes_, self._head_kind())
+        return with_float_type(raw, dtype)
 
     def _head_kind(self) -> str:
         """How the decision values become the deployed graph's probabilities (HEAD_KINDS)."""

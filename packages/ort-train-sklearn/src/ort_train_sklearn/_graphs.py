@@ -321,3 +321,35 @@ def ovr_probabilities(decision: np.ndarray, kind: str) -> np.ndarray:
     total = p.sum(axis=1, keepdims=True)
     out: np.ndarray = np.where(total == 0, 1.0 / p.shape[1], p / np.where(total == 0, 1, total))
     return out
+
+
+def with_float_type(model: ModelProto, dtype: Any) -> ModelProto:
+    """The model taking and returning ``dtype`` (float32 or float64) where it takes and returns
+    float32: a float64 graph casts its inputs to float32 and its float outputs back (the
+    computation stays float32), as scikit-learn predicts float64 for float64 X."""
+    dtype = np.dtype(dtype)
+    if dtype == np.float32:
+        return model
+    if dtype != np.float64:
+        raise ValueError(f"dtype must be numpy.float32 or numpy.float64, got {dtype}")
+    out = copy_model(model)
+    g = out.graph
+    inits = {i.name for i in g.initializer}
+    head, tail = [], []
+    inputs = [(v, True) for v in g.input if v.name not in inits]
+    for vi, is_input in [*inputs, *((v, False) for v in g.output)]:
+        if vi.type.tensor_type.elem_type != TensorProto.FLOAT:
+            continue
+        inner = f"{vi.name}_float32"
+        for node in g.node:  # the float32 value keeps flowing inside under a new name
+            node.input[:] = [inner if n == vi.name else n for n in node.input]
+            node.output[:] = [inner if n == vi.name else n for n in node.output]
+        if is_input:
+            head.append(helper.make_node("Cast", [vi.name], [inner], to=TensorProto.FLOAT))
+        else:
+            tail.append(helper.make_node("Cast", [inner], [vi.name], to=TensorProto.DOUBLE))
+        vi.type.tensor_type.elem_type = TensorProto.DOUBLE
+    nodes = [*head, *g.node, *tail]
+    del g.node[:]
+    g.node.extend(nodes)
+    return out

@@ -134,9 +134,15 @@ class _OnnxModelBase(OrtEstimatorMixin):
     def _store_weights(self, weights: dict[str, np.ndarray]) -> None:
         self.weights_ = weights
 
-    def to_onnx(self) -> ModelProto:
+    def to_onnx(self, dtype: Any = np.float32) -> ModelProto:
         """A deployable model for any onnxruntime InferenceSession, its input named as the
         given model's (``x`` stays ``x``).
+
+        Parameters
+        ----------
+        dtype : numpy.float32 or numpy.float64, default=numpy.float32
+            The float type the model takes and returns; float64 casts the input to float32
+            and the float outputs back (it computes in float32, as the training did).
 
         Returns
         -------
@@ -144,7 +150,7 @@ class _OnnxModelBase(OrtEstimatorMixin):
             The trained graph: a regressor's outputs its prediction, a classifier's 'label'
             then 'probabilities' (as skl2onnx exports them).
         """
-        model = super().to_onnx()
+        model = super().to_onnx(dtype)
         graph = getattr(self, "_graph_", None)
         if graph is None or getattr(self, "_inputs_", None) is not None:  # inputs kept as given
             return model
