@@ -4,7 +4,8 @@ final activation), their loss graphs and small data sets."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import signal
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -77,3 +78,12 @@ def mlp_data() -> tuple[np.ndarray, np.ndarray]:
     X = rng.standard_normal((50, 4)).astype(np.float32)
     y = (np.sin(X[:, 0]) + X[:, 1] * X[:, 2] - 0.5 * X[:, 3]).astype(np.float32)
     return X, y
+
+
+@pytest.fixture
+def sigint_delivered() -> Iterator[None]:
+    """Python's own SIGINT handler for the test: a suite started in the background (``cmd &``)
+    inherits SIGINT ignored, and the signal a test sends would never arrive."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)

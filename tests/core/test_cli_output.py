@@ -37,13 +37,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"dir": folder, "X": X, "y": y}
 
 
-@pytest.fixture(autouse=True)
-def _sigint_delivered():  # type: ignore[no-untyped-def]
-    """Python's own SIGINT handler for the test: a suite started in the background (``cmd &``)
-    inherits SIGINT ignored, and the signal the test sends would never arrive."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, previous)
+pytestmark = pytest.mark.usefixtures("sigint_delivered")
 
 
 def _argv(files: dict[str, Any], *extra: Any) -> list[str]:

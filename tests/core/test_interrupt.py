@@ -30,13 +30,7 @@ def _linear(coef: np.ndarray, intercept: np.ndarray):
     return model
 
 
-@pytest.fixture(autouse=True)
-def _sigint_delivered():  # type: ignore[no-untyped-def]
-    """Python's own SIGINT handler for the test: a suite started in the background (``cmd &``)
-    inherits SIGINT ignored, and the signal the test sends would never arrive."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, previous)
+pytestmark = pytest.mark.usefixtures("sigint_delivered")
 
 
 class _InterruptAfterEpoch(Callback):
