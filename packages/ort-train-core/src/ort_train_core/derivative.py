@@ -43,6 +43,7 @@ from .graph import (
     infer_without_data,
     initializers_to_inputs,
     normalise_model,
+    rename_value,
     value_types,
 )
 
@@ -342,17 +343,6 @@ def _seeded_sum(
     return model, loss, seeds
 
 
-def _rename(model: ModelProto, old: str, new: str) -> None:
-    """Renames a value of the main graph (node inputs and outputs, graph inputs and outputs)."""
-    g = model.graph
-    for node in g.node:
-        node.input[:] = [new if x == old else x for x in node.input]
-        node.output[:] = [new if x == old else x for x in node.output]
-    for v in [*g.input, *g.output, *g.value_info]:
-        if v.name == old:
-            v.name = new
-
-
 def _finish(
     grad: ModelProto, grads: list[str], kept: list[str], seeds: dict[str, str], graph_inputs: list[str]
 ) -> ModelProto:
@@ -374,8 +364,8 @@ def _finish(
         # a public name is never a gradient output nor a value of the forward graph (see
         # _seed_names), only the backend's own gradient of an output that feeds another one
         if public in taken:
-            _rename(out, public, unique_name(f"{public}_inner", taken))
-        _rename(out, seed, public)
+            rename_value(out, public, unique_name(f"{public}_inner", taken))
+        rename_value(out, seed, public)
     used = {x for n in g.node for x in n.input}
     kept_inits = [i for i in g.initializer if i.name in used]
     del g.initializer[:], g.value_info[:]

@@ -42,6 +42,7 @@ from .graph import (
     inputs_to_initializers,
     prediction_graph,
     prune_to_outputs,
+    rename_value,
     set_batch_dimension,
 )
 from .learning_rate import BaseLearningRate, make_learning_rate
@@ -270,7 +271,7 @@ def _named_step(
         defaults[sig.step] = np.array(0, dtype=np.int64)
     # the fused step's scalar inputs become the outputs of these nodes, which read inputs only
     for name, graph_name in zip(lr.scalar_names, fused.scalars):
-        _rename(step, graph_name, scalars[name])
+        rename_value(step, graph_name, scalars[name])
     nodes = [*b.nodes, *g.node]
     del g.node[:]
     g.node.extend(nodes)
@@ -295,7 +296,7 @@ def _contract_names(step: ModelProto, fused: Any, sig: StepSignature, taken: set
         pairs.append((w, w_new))
         for s, s_new in zip(states, new_states):
             public = _fresh(s.removeprefix("opt_"), taken)
-            _rename(step, s, public)
+            rename_value(step, s, public)
             sig.optimizer_states.append(public)
             weight_of_state.append(w)
             pairs.append((public, s_new))
@@ -305,8 +306,8 @@ def _contract_names(step: ModelProto, fused: Any, sig: StepSignature, taken: set
         wanted = name + NEW
         if wanted != out:
             if wanted in taken:
-                _rename(step, wanted, unique_name(f"{wanted}_inner", taken))
-            _rename(step, out, wanted)
+                rename_value(step, wanted, unique_name(f"{wanted}_inner", taken))
+            rename_value(step, out, wanted)
             taken.add(wanted)
     return weight_of_state
 
@@ -374,26 +375,6 @@ def _fresh(hint: str, taken: set[str]) -> str:
         i += 1
     taken.update((name, name + NEW))
     return name
-
-
-def _rename(model: ModelProto, old: str, new: str) -> None:
-    """Renames a value everywhere it appears: nodes of the graph and of its subgraphs (which may
-    read it from the outer scope), graph inputs, outputs, initializers and shapes."""
-    _rename_in(model.graph, old, new)
-
-
-def _rename_in(g: onnx.GraphProto, old: str, new: str) -> None:
-    for node in g.node:
-        if old in node.input:
-            node.input[:] = [new if x == old else x for x in node.input]
-        if old in node.output:
-            node.output[:] = [new if x == old else x for x in node.output]
-        for attr in node.attribute:
-            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
-                _rename_in(sub, old, new)
-    for v in [*g.input, *g.output, *g.value_info, *g.initializer]:
-        if v.name == old:
-            v.name = new
 
 
 def step_signature(step: ModelProto) -> StepSignature:

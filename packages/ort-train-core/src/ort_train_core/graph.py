@@ -46,6 +46,7 @@ __all__ = [
     "nothing_to_train_error",
     "prediction_graph",
     "prune_to_outputs",
+    "rename_value",
     "unique_name",
     "warn_exported_graph",
 ]
@@ -1140,6 +1141,35 @@ def without_penalty(model: ModelProto, loss_name: str) -> ModelProto:
     name = unique_name(f"{loss_name}_unpenalised", {n.name for n in out.graph.node})
     out.graph.node.append(helper.make_node("Identity", [data_loss], [loss_name], name=name))
     return out
+
+
+def rename_value(model: ModelProto, old: str, new: str) -> None:
+    """Renames the value ``old`` to ``new`` in place, everywhere it appears: the nodes of the
+    graph and of its subgraphs (which may read it from the outer scope), the graph's inputs,
+    outputs, initializers and shapes.
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The model, modified.
+    old, new : str
+        The names; ``new`` must not name another value (the caller checks).
+    """
+    _rename_in(model.graph, old, new)
+
+
+def _rename_in(g: onnx.GraphProto, old: str, new: str) -> None:
+    for node in g.node:
+        if old in node.input:
+            node.input[:] = [new if x == old else x for x in node.input]
+        if old in node.output:
+            node.output[:] = [new if x == old else x for x in node.output]
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs):
+                _rename_in(sub, old, new)
+    for v in [*g.input, *g.output, *g.value_info, *g.initializer]:
+        if v.name == old:
+            v.name = new
 
 
 def prune_to_outputs(model: ModelProto, outputs: Sequence[str]) -> ModelProto:
