@@ -73,6 +73,7 @@ from ort_train_core.graph import (
     nothing_to_train_error,
     output_shape,
     prune_to_outputs,
+    rename_value,
     unique_name,
 )
 
@@ -987,11 +988,7 @@ def _rename(model: ModelProto, old: str, new: str) -> ModelProto:
     if old == new or new in all_names(model):
         return model
     model = copy_model(model)
-    g = model.graph
-    _rename_in_nodes(model, old, new)
-    for vi in [*g.input, *g.output, *g.value_info]:
-        if vi.name == old:
-            vi.name = new
+    rename_value(model, old, new)
     return model
 
 
