@@ -1,6 +1,8 @@
 """Every task of the monorepo: `nox -l` lists them.
 
-Environments use virtualenv + pip: pip finds the local CPU build of torch==2.13.0, uv does not.
+Environments use virtualenv + pip (not uv): torch is pinned to 2.13.0, a CPU build; outside a machine
+that holds that wheel, point pip at https://download.pytorch.org/whl/cpu (PIP_EXTRA_INDEX_URL) or it
+downloads the multi-GB CUDA build.
 Interpreters: the `python3.X` on PATH, else the newest pyenv install of each (no PYENV_VERSION needed);
 the test sessions log which Pythons were found and which one each session runs.
 """
@@ -205,7 +207,10 @@ def tests(session: nox.Session, package: str, device: str) -> None:
 
 def _skip_without_torch(session: nox.Session, package: str) -> None:
     if package in _TORCH_SUITES and session.python != "3.11":
-        session.skip("torch==2.13.0 (CPU build) is provided for Python 3.11 only on this machine class")
+        session.skip(
+            "the torch suites run on Python 3.11 only: torch==2.13.0 is pinned there (its CPU "
+            "build; other Pythons would download a multi-GB CUDA build)"
+        )
 
 
 def _install_suite(session: nox.Session, package: str, device: str) -> list[str]:
@@ -342,7 +347,7 @@ def docs(session: nox.Session) -> None:
     """Builds the Sphinx site in docs/_build/html, running every gallery example.
 
     Any warning fails the build."""
-    # the local CPU build of torch, pinned, before the torch adapter asks for `torch>=2.1`
+    # torch pinned (its CPU build), before the torch adapter asks for `torch>=2.1`
     session.install("torch==2.13.0")
     _install_core(session)
     session.install("-e", "packages/ort-train-sklearn", "-e", "packages/ort-train-torch")
@@ -410,7 +415,7 @@ def build(session: nox.Session) -> None:
         # without an extra, no runtime: the import must fail with the fix in its message
         # siblings are pinned to the same version: pip finds them among the wheels just built
         links = [arg for d in PACKAGES for arg in ("--find-links", str(dist / d))]
-        # the local CPU build of torch, pinned, before anything that depends on torch
+        # torch pinned (its CPU build), before anything that depends on torch
         pins = ["torch==2.13.0"] if package == "ort-train-torch" else []
         session.run(py, "-m", "pip", "install", "-q", *links, *pins, str(wheel), external=True)
         session.run(py, "-c", _EXPECT_RUNTIME_ERROR.format(module=module), external=True)
