@@ -244,16 +244,6 @@ def test_onnxcustom_graphs() -> None:
     np.testing.assert_allclose(got["X_grad"], 2 * x * dy, rtol=1e-5, atol=1e-6)
 
 
-def test_docs_example() -> None:
-    """The example of docs/derivative.rst runs as written (its asserts check numpy's gradients)."""
-    from pathlib import Path
-
-    text = (Path(__file__).parents[2] / "docs" / "derivative.rst").read_text()
-    block = text.split(".. code-block:: python\n\n", 1)[1].split("\nThe options:", 1)[0]
-    code = "\n".join(line[3:] for line in block.splitlines())
-    exec(compile(code, "docs/derivative.rst", "exec"), {})
-
-
 def test_skl2onnx_graphs() -> None:
     """onnxcustom's Loss workflow (a skl2onnx linear regression with add_loss_output), and a
     classifier whose int64 label output gets no gradient input but is kept by KeepOutputs."""

@@ -1,17 +1,13 @@
-"""The code blocks of docs/migration_onnxcustom.rst run as written (issue 18, item 1): each
-block runs after the previous ones, in one namespace, and its asserts compare with numpy or
-scikit-learn.
+"""The claims of docs/migration_onnxcustom.rst about onnxcustom, checked against numpy (issue 18,
+item 1): each reference loop below is onnxcustom's step as its source wrote it (onnxcustom no
+longer runs), on batches taken in order (``shuffle=False`` here; onnxcustom drew random windows).
 
-The other tests check the guide's claims about onnxcustom against numpy: each reference loop
-below is onnxcustom's step as its source wrote it (onnxcustom no longer runs), on batches taken
-in order (``shuffle=False`` here; onnxcustom drew random windows)."""
+The guide's code blocks themselves run, in one namespace, with their asserts against numpy and
+scikit-learn, in test_doc_blocks.py with every other page's."""
 
 from __future__ import annotations
 
 import inspect
-import pathlib
-import re
-import textwrap
 from collections.abc import Callable
 
 import numpy as np
@@ -30,27 +26,7 @@ from ort_train_core import (
     add_loss_output,
 )
 
-GUIDE = pathlib.Path(__file__).parents[2] / "docs" / "migration_onnxcustom.rst"
-
 BS, EPOCHS = 10, 3
-
-
-def _blocks(text: str) -> list[str]:
-    """The bodies of the ``.. code-block:: python`` directives, dedented."""
-    out = []
-    for match in re.finditer(r"^\.\. code-block:: python\n\n((?:(?:   .*)?\n)+)", text, flags=re.MULTILINE):
-        out.append(textwrap.dedent(match.group(1)))
-    return out
-
-
-def test_the_guide_runs_as_written() -> None:
-    pytest.importorskip("sklearn")
-    pytest.importorskip("skl2onnx")
-    blocks = _blocks(GUIDE.read_text(encoding="utf-8"))
-    assert len(blocks) == 6
-    namespace: dict[str, object] = {}
-    for k, code in enumerate(blocks):
-        exec(compile(code, f"{GUIDE.name} block {k + 1}", "exec"), namespace)
 
 
 # ---- the claims, against numpy ------------------------------------------------------------------
