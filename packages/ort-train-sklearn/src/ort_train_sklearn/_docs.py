@@ -36,7 +36,10 @@ SHARED_ENTRIES: dict[str, Entry] = {
         "Whether :meth:`fit` sets ``validation_fraction`` of the rows aside (stratified for a\n"
         "classifier) and stops on their score (accuracy or R², see ``tol``) instead of the\n"
         "training loss; the MLPs and ``OnnxModel*`` then keep the weights of the best epoch,\n"
-        "the SGD estimators those of the last, as scikit-learn's.",
+        "the SGD estimators those of the last, as scikit-learn's. The drop-ins set aside\n"
+        "scikit-learn's rows and stop by its rule, but stop at its epoch only where they take its\n"
+        "steps in its order: ``shuffle=False``, and for the SGD estimators ``batch_size=1``, no L2\n"
+        "share in the penalty, two classes or a regressor (the scikit-learn adapter page says why).",
     ),
     "validation_fraction": ("float", "The share of the rows set aside with ``early_stopping``, in (0, 1)."),
     "warm_start": (
