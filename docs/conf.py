@@ -1,6 +1,6 @@
 """Sphinx configuration of the ort-train site (``nox -s docs`` builds it with ``-W``).
 
-The benchmarks page shows the newest reports of ``benchmarks/results/``: at build time this file
+The benchmarks page shows chosen reports of ``benchmarks/results/``: at build time this file
 copies their Markdown tables and PNG plots into ``_generated/benchmarks/``. Every name the three
 packages export (``__all__``) must have its ``auto*`` directive in ``api.rst``: the build warns
 (fails, under ``-W``) for each one missing.
@@ -11,14 +11,17 @@ from __future__ import annotations
 import importlib
 import re
 import shutil
+import sys
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sphinx.util import logging as sphinx_logging
 
 import ort_train_core
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import html_checks  # docs/html_checks.py, beside this file
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE.parent / "benchmarks" / "results"
@@ -48,6 +51,16 @@ html_theme = "pydata_sphinx_theme"
 html_theme_options = {
     "navigation_with_keys": False,
     "show_toc_level": 2,
+    # the top bar shows index.rst's first six pages (the gallery and the API reference among
+    # them), the others under "More"
+    "header_links_before_dropdown": 6,
+}
+# every page is a top-level page of the top bar: a "Section Navigation" sidebar would be empty
+# on all but the gallery's, where it lists the examples
+# (pages by name: Sphinx warns when a page matches two patterns with wildcards)
+html_sidebars: dict[str, list[str]] = {"**": []} | {
+    f"auto_examples/{name}": ["sidebar-nav-bs"]
+    for name in ["index", *(p.stem for p in sorted((HERE / "examples").glob("plot_*.py")))]
 }
 html_title = f"ort-train {release}"
 
@@ -95,85 +108,49 @@ warnings.filterwarnings("ignore", category=DeprecationWarning, module="onnxconve
 
 
 # ---- the benchmarks page ---------------------------------------------------------------------
-# Report names (benchmarks/_common.py): <host>-<date>[-<name>][-quick].{json,md}; a report's
-# plots are <report stem>[-<plot>].png and its Markdown links them by file name.
-_REPORT = re.compile(r"^(?P<host>.+?)-(?P<date>\d{4}-\d{2}-\d{2})(?P<name>(?:-.+)?)$")
+# benchmarks.md shows chosen reports of benchmarks/results/ (written by benchmarks/*.py as
+# <host>-<date>[-<name>][-quick].md, their plots <report stem>[-<plot>].png linked by file name)
+# and lists them all. At build time each report is copied into _generated/benchmarks/ without
+# its title line (the page gives each its own heading), its plots beside it.
 _IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+)\)")
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
-@dataclass
-class Report:
-    stem: str
-    series: str  # host and name, without the date and "-quick"
-    date: str  # ISO: sorts as text
-    quick: bool
-    markdown: Path | None = None
-    plots: list[Path] = field(default_factory=list)
+def report_body(text: str, images: Path) -> tuple[str, str]:
+    """A report's title (its first ``# `` line) and the rest, with each image link pointing at
+    a file of ``images`` (a plot that is not there becomes a note: a missing image fails the
+    build)."""
+    lines = text.strip().splitlines()
+    title = lines.pop(0)[2:].strip() if lines and lines[0].startswith("# ") else ""
+
+    def keep_image(m: re.Match[str]) -> str:
+        name = Path(m[2]).name
+        return f"![{m[1]}]({name})" if (images / name).is_file() else f"*(plot {m[2]} not found)*"
+
+    return title, _IMAGE.sub(keep_image, "\n".join(lines).strip())
 
 
-def _report(stem: str) -> Report:
-    m = _REPORT.match(stem)
-    if m is None:
-        return Report(stem, stem, "", False)
-    name = m["name"]
-    quick = name.endswith("-quick")
-    return Report(stem, m["host"] + name.removesuffix("-quick"), m["date"], quick)
-
-
-def newest_reports(folder: Path) -> list[Report]:
-    """Per series, the newest full run (a quick run only where the series has no full run),
-    with its Markdown and its plots; sorted by series."""
-    reports = {md.stem: _report(md.stem) for md in sorted(folder.glob("*.md"))} if folder.is_dir() else {}
-    for report in reports.values():
-        report.markdown = folder / f"{report.stem}.md"
-    for png in sorted(folder.glob("*.png")) if folder.is_dir() else []:
-        owners = [s for s in reports if png.stem == s or png.stem.startswith(s + "-")]
-        if owners:
-            reports[max(owners, key=len)].plots.append(png)
-        else:  # a plot without a report: a series of its own
-            reports[png.stem] = _report(png.stem)
-            reports[png.stem].plots.append(png)
-    best: dict[str, Report] = {}
-    for report in reports.values():
-        current = best.get(report.series)
-        if current is None or (not report.quick, report.date) > (not current.quick, current.date):
-            best[report.series] = report
-    return [best[k] for k in sorted(best)]
-
-
-def write_benchmark_page(results: Path = RESULTS, generated: Path = GENERATED) -> Path:
-    """Copies the newest reports' plots into ``generated/benchmarks/`` and writes their Markdown,
-    one after the other, to ``generated/benchmarks/reports.md``, which ``benchmarks.md`` includes
-    (images relative to it, one heading level down)."""
+def write_benchmark_pages(results: Path = RESULTS, generated: Path = GENERATED) -> Path:
+    """Writes ``generated/benchmarks/<report>.md`` for each report of ``results`` (its plots
+    copied beside it) and ``reports.md``, the list of every report, newest first; returns the
+    folder."""
     target = generated / "benchmarks"
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
-    parts = []
-    for report in newest_reports(results):
-        for png in report.plots:
-            shutil.copy2(png, target / png.name)
-        text = report.markdown.read_text(encoding="utf-8") if report.markdown else f"# {report.series}\n"
-        linked = {Path(link).name for _, link in _IMAGE.findall(text)}
-
-        def keep_image(m: re.Match[str]) -> str:
-            # a plot the report links but that is not there would fail the build
-            if (target / Path(m[2]).name).is_file():
-                return f"![{m[1]}]({Path(m[2]).name})"
-            return f"*(plot {m[2]} not found)*"
-
-        text = _IMAGE.sub(keep_image, text)
-        extra = [f"![{png.stem}]({png.name})" for png in report.plots if png.name not in linked]
-        files = [p.name for p in ([report.markdown] if report.markdown else []) + report.plots]
-        source = f"*Files: {', '.join(f'`{name}`' for name in files)} in `benchmarks/results/`.*"
-        parts.append("\n\n".join([text.rstrip(), *extra, source]) + "\n")
-    if not parts:
-        parts.append("No report in `benchmarks/results/` yet: `nox -s bench` writes them.\n")
-    page = target / "reports.md"
-    page.write_text("\n".join(parts), encoding="utf-8")
-    return page
+    for png in sorted(results.glob("*.png")):
+        shutil.copy2(png, target / png.name)
+    listing = []
+    for md in sorted(results.glob("*.md"), key=lambda p: (_DATE.findall(p.stem), p.stem), reverse=True):
+        title, body = report_body(md.read_text(encoding="utf-8"), target)
+        source = f"*File: `benchmarks/results/{md.name}`.*"
+        (target / md.name).write_text(f"{body}\n\n{source}\n", encoding="utf-8")
+        listing.append(f"- `{md.name}`: {title or md.stem}")
+    text = "\n".join(listing) if listing else "No report yet: `nox -s bench` writes them."
+    (target / "reports.md").write_text(text + "\n", encoding="utf-8")
+    return target
 
 
-write_benchmark_page()
+write_benchmark_pages()
 
 
 # ---- every public name in the API reference --------------------------------------------------
@@ -198,5 +175,23 @@ def _check_api_reference(app: Any) -> None:
         logger.warning(f"{name} is exported (__all__) but docs/api.rst does not document it")
 
 
+def _check_html(app: Any, exception: Exception | None) -> None:
+    # the [docs] links of the highlighted sources and the API entries, checked in the built
+    # pages (docs/html_checks.py says why a [docs] link needs fixing)
+    if exception is not None or app.builder.format != "html":
+        return
+    outdir = Path(app.outdir)
+    objects = app.env.domains["py"].objects
+    html_checks.fix_viewcode_backlinks(outdir, ((name, entry.docname) for name, entry in objects.items()))
+    logger = sphinx_logging.getLogger(__name__)
+    for link in html_checks.broken_backlinks(outdir):
+        logger.warning(f"[docs] link to no documented object: {link}")
+    for page in sorted({entry.docname for entry in objects.values()}):
+        html = (outdir / f"{page}.html").read_text(encoding="utf-8")
+        for entry in html_checks.empty_entries(html):
+            logger.warning(f"{page}: the API entry {entry} is empty (give it a docstring)")
+
+
 def setup(app: Any) -> None:
     app.connect("builder-inited", _check_api_reference)
+    app.connect("build-finished", _check_html)

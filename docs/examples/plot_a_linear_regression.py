@@ -11,6 +11,7 @@ weights. The trained graph then runs in any onnxruntime ``InferenceSession``.
 """
 
 import warnings
+from pprint import pprint
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -32,7 +33,9 @@ from ort_train_core import OrtGradientOptimizer, add_loss_output
 # (the type of the ONNX graph).
 
 X, y = load_diabetes(return_X_y=True)
-X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.25, random_state=0)
+X_train, X_test, y_train, y_test = train_test_split(
+    X, y, test_size=0.25, random_state=0
+)
 scaler = StandardScaler().fit(X_train)
 X_train = scaler.transform(X_train).astype(np.float32)
 X_test = scaler.transform(X_test).astype(np.float32)
@@ -75,11 +78,16 @@ print("outputs:", [o.name for o in onx_loss.graph.output])
 # SGD). Giving ``X_val``/``y_val`` records a validation loss after every epoch.
 
 trainer = OrtGradientOptimizer(
-    onx_loss, max_iter=50, batch_size=16, learning_rate=0.005, shuffle=True, random_state=0
+    onx_loss,
+    max_iter=50,
+    batch_size=16,
+    learning_rate=0.005,
+    shuffle=True,
+    random_state=0,
 )
 trainer.fit(X_train, y_train, X_val=X_test, y_val=y_test)
 print(f"{trainer.n_iter_} epochs, last training loss {trainer.train_losses_[-1]:.4f}")
-print({k: v.ravel()[:4] for k, v in trainer.get_state().items()})
+pprint({k: v.ravel()[:4] for k, v in trainer.get_state().items()}, width=88)
 
 # %%
 # The trained graph
@@ -89,18 +97,23 @@ print({k: v.ravel()[:4] for k, v in trainer.get_state().items()})
 # (no loss, no label) with the trained weights as initializers.
 
 trained = trainer.get_trained_onnx()
-sess = onnxruntime.InferenceSession(trained.SerializeToString(), providers=["CPUExecutionProvider"])
+sess = onnxruntime.InferenceSession(
+    trained.SerializeToString(), providers=["CPUExecutionProvider"]
+)
 pred = sess.run(None, {sess.get_inputs()[0].name: X_test})[0].ravel()
 r2_ort = r2_score(y_test, pred)
 
-# scikit-learn's SGD with the same settings: its loss is (y - f)^2 / 2, so the same step needs
-# a learning rate twice ours (it also updates row by row: batch_size=1)
+# scikit-learn's SGD with the same settings: its loss is (y - f)^2 / 2, so the same
+# step needs a learning rate twice ours (it also updates row by row: batch_size=1)
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    sgd = SGDRegressor(penalty=None, learning_rate="constant", eta0=0.005, max_iter=50, tol=None)
+    sgd = SGDRegressor(
+        penalty=None, learning_rate="constant", eta0=0.005, max_iter=50, tol=None
+    )
     sgd.fit(X_train, y_train)
 exact = LinearRegression().fit(X_train, y_train)
-print(f"test R2: ort-train {r2_ort:.4f}, SGDRegressor {r2_score(y_test, sgd.predict(X_test)):.4f}, ")
+r2_sgd = r2_score(y_test, sgd.predict(X_test))
+print(f"test R2: ort-train {r2_ort:.4f}, SGDRegressor {r2_sgd:.4f}, ")
 print(f"         least squares {r2_score(y_test, exact.predict(X_test)):.4f}")
 
 # %%

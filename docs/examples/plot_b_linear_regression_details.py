@@ -11,6 +11,7 @@ how a step binds its buffers, and how the weights move epoch after epoch.
 
 import collections
 import tempfile
+from pprint import pprint
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -67,7 +68,9 @@ def describe(values):
 # dimension is fixed: one graph per distinct batch size (here 100 and the last, shorter batch
 # of 42 rows). :meth:`~ort_train_core.OrtGradientOptimizer.save_onnx_graph` writes every graph.
 
-trainer = OrtGradientOptimizer(onx_loss, max_iter=1, batch_size=100, learning_rate=0.05, random_state=0)
+trainer = OrtGradientOptimizer(
+    onx_loss, max_iter=1, batch_size=100, learning_rate=0.05, random_state=0
+)
 trainer.fit(X, y)
 folder = tempfile.mkdtemp()
 paths = trainer.save_onnx_graph(folder)
@@ -75,7 +78,11 @@ print(sorted(paths))
 fused = onnx.load(paths["fused_step_batch100"])
 print("inputs: ", *describe(fused.graph.input), sep="\n  ")
 print("outputs:", *describe(fused.graph.output), sep="\n  ")
-print(collections.Counter(n.op_type for n in fused.graph.node).most_common())
+pprint(
+    collections.Counter(n.op_type for n in fused.graph.node).most_common(),
+    width=88,
+    compact=True,
+)
 
 # %%
 # Data inputs (``X``, ``label``), the current weights, the learning rate as a 0-d input (it
@@ -92,7 +99,9 @@ print(collections.Counter(n.op_type for n in fused.graph.node).most_common())
 # graph never reads and writes the same buffer. The same mechanism with onnxruntime's public
 # API:
 
-sess = onnxruntime.InferenceSession(paths["fused_step_batch100"], providers=["CPUExecutionProvider"])
+sess = onnxruntime.InferenceSession(
+    paths["fused_step_batch100"], providers=["CPUExecutionProvider"]
+)
 coef = [np.zeros((10, 1), dtype=np.float32) for _ in range(2)]  # two parities
 intercept = [np.zeros(1, dtype=np.float32) for _ in range(2)]
 eta = np.array(0.05, dtype=np.float32)
@@ -120,7 +129,8 @@ for xb, yb in batch:
     w, c = coef[parity], intercept[parity]
     diff = xb @ w + c - yb
     expected = w - eta * 2 * xb.T @ diff / len(xb)
-    print(f"loss {float(loss):.5f}  max |W_new - numpy| = {np.abs(coef[1 - parity] - expected).max():.2e}")
+    gap = np.abs(coef[1 - parity] - expected).max()
+    print(f"loss {float(loss):.5f}  max |W_new - numpy| = {gap:.2e}")
     parity = 1 - parity
 
 # %%
@@ -131,7 +141,12 @@ for xb, yb in batch:
 # epoch per call gives the trajectory of the weights.
 
 trainer = OrtGradientOptimizer(
-    onx_loss, max_iter=1, batch_size=16, learning_rate=0.002, warm_start=True, random_state=0
+    onx_loss,
+    max_iter=1,
+    batch_size=16,
+    learning_rate=0.002,
+    warm_start=True,
+    random_state=0,
 )
 history = [trainer.get_state()["coef"].ravel()]
 for _ in range(40):

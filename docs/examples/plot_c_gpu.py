@@ -14,6 +14,7 @@ back to the CPU otherwise (which is what happens while the documentation builds 
 without a GPU).
 """
 
+import textwrap
 import time
 
 import matplotlib.pyplot as plt
@@ -38,7 +39,7 @@ try:
     print("training on", device)
 except (ValueError, CudaUnavailableError) as exc:
     device = "cpu"
-    print(f"this example runs on the CPU: {exc}")
+    print(textwrap.fill(f"this example runs on the CPU: {exc}", 88))
 
 # %%
 # An MLP whose initial weights come from scikit-learn (one iteration), converted to ONNX.
@@ -70,7 +71,10 @@ begin = time.perf_counter()
 trainer.fit(X, y)
 second = time.perf_counter() - begin
 steps = 40 * int(np.ceil(len(X) / 32))
-print(f"first fit {first * 1000:.0f} ms (graphs and sessions built), second fit {second * 1000:.0f} ms")
+print(
+    f"first fit {first * 1000:.0f} ms (graphs and sessions built), "
+    f"second fit {second * 1000:.0f} ms"
+)
 print(f"{second / steps * 1e6:.1f} us per step on {device}")
 
 # %%

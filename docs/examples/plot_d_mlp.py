@@ -12,6 +12,7 @@ both follow the same path.
 """
 
 import warnings
+from pprint import pprint
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -26,7 +27,9 @@ from sklearn.preprocessing import StandardScaler
 from ort_train_core import OrtGradientOptimizer, add_loss_output
 
 X, y = load_diabetes(return_X_y=True)
-X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.25, random_state=0)
+X_train, X_test, y_train, y_test = train_test_split(
+    X, y, test_size=0.25, random_state=0
+)
 scaler = StandardScaler().fit(X_train)
 X_train = scaler.transform(X_train).astype(np.float32)
 X_test = scaler.transform(X_test).astype(np.float32)
@@ -58,7 +61,7 @@ with warnings.catch_warnings():
     ).fit(X_train, y_train)
 onx = to_onnx(mlp, X_train[:1])
 print([n.op_type for n in onx.graph.node])
-print([(i.name, tuple(i.dims)) for i in onx.graph.initializer])
+pprint([(i.name, tuple(i.dims)) for i in onx.graph.initializer], width=88, compact=True)
 
 # %%
 # Training with onnxruntime
@@ -69,25 +72,41 @@ print([(i.name, tuple(i.dims)) for i in onx.graph.initializer])
 # the same batches in the same order.
 
 trainer = OrtGradientOptimizer(
-    add_loss_output(onx), max_iter=EPOCHS, batch_size=BATCH, learning_rate=ETA / 2, shuffle=False
+    add_loss_output(onx),
+    max_iter=EPOCHS,
+    batch_size=BATCH,
+    learning_rate=ETA / 2,
+    shuffle=False,
 )
 trainer.fit(X_train, y_train)
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    mlp.set_params(max_iter=EPOCHS, tol=0.0, n_iter_no_change=EPOCHS).fit(X_train, y_train)
-sk_losses = 2 * np.array(mlp.loss_curve_[1:])  # back to the squared error, first epoch dropped
+    mlp.set_params(max_iter=EPOCHS, tol=0.0, n_iter_no_change=EPOCHS).fit(
+        X_train, y_train
+    )
+sk_losses = 2 * np.array(
+    mlp.loss_curve_[1:]
+)  # back to the squared error, first epoch dropped
 
 pred = trainer.get_trained_onnx()
-print(f"last epoch loss: ort-train {trainer.train_losses_[-1]:.5f}, scikit-learn {sk_losses[-1]:.5f}")
+print(
+    f"last epoch loss: ort-train {trainer.train_losses_[-1]:.5f}, "
+    f"scikit-learn {sk_losses[-1]:.5f}"
+)
 
 # %%
 # The trained ONNX graph against scikit-learn's model on the test rows.
 
-sess = onnxruntime.InferenceSession(pred.SerializeToString(), providers=["CPUExecutionProvider"])
+sess = onnxruntime.InferenceSession(
+    pred.SerializeToString(), providers=["CPUExecutionProvider"]
+)
 ort_pred = sess.run(None, {"X": X_test})[0].ravel()
 sk_pred = mlp.predict(X_test)
-print(f"test R2: ort-train {r2_score(y_test, ort_pred):.4f}, scikit-learn {r2_score(y_test, sk_pred):.4f}")
+print(
+    f"test R2: ort-train {r2_score(y_test, ort_pred):.4f}, "
+    f"scikit-learn {r2_score(y_test, sk_pred):.4f}"
+)
 
 fig, ax = plt.subplots(figsize=(6, 4))
 epochs = np.arange(1, EPOCHS + 1)

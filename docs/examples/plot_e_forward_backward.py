@@ -37,7 +37,9 @@ from ort_train_core import (
 )
 
 X, y = load_diabetes(return_X_y=True)
-X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.25, random_state=0)
+X_train, X_test, y_train, y_test = train_test_split(
+    X, y, test_size=0.25, random_state=0
+)
 scaler = StandardScaler().fit(X_train)
 X_train = scaler.transform(X_train).astype(np.float32)
 X_test = scaler.transform(X_test).astype(np.float32)
@@ -47,7 +49,9 @@ y_test = ((y_test - mean) / std).astype(np.float32)
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    init = MLPRegressor(hidden_layer_sizes=(32,), max_iter=1, random_state=0).fit(X_train, y_train)
+    init = MLPRegressor(hidden_layer_sizes=(32,), max_iter=1, random_state=0).fit(
+        X_train, y_train
+    )
 onx = to_onnx(init, X_train[:1])  # the prediction graph: no loss in it
 
 # %%
@@ -64,11 +68,15 @@ variants = {
         learning_loss=SquareLearningLoss(),
     ),
     "Nesterov, squared error": dict(
-        learning_rate=LearningRateSGDNesterov(eta0=0.002, learning_rate="constant", momentum=0.9),
+        learning_rate=LearningRateSGDNesterov(
+            eta0=0.002, learning_rate="constant", momentum=0.9
+        ),
         learning_loss=SquareLearningLoss(),
     ),
     "Nesterov, elastic loss + penalty": dict(
-        learning_rate=LearningRateSGDNesterov(eta0=0.002, learning_rate="constant", momentum=0.9),
+        learning_rate=LearningRateSGDNesterov(
+            eta0=0.002, learning_rate="constant", momentum=0.9
+        ),
         learning_loss=ElasticLearningLoss(l1_weight=0.5, l2_weight=0.5),
         learning_penalty=ElasticLearningPenalty(l1=1e-4, l2=1e-3),
     ),
@@ -80,14 +88,18 @@ variants = {
 
 results = {}
 for name, params in variants.items():
-    trainer = OrtGradientForwardBackwardOptimizer(onx, max_iter=50, batch_size=16, random_state=0, **params)
+    trainer = OrtGradientForwardBackwardOptimizer(
+        onx, max_iter=50, batch_size=16, random_state=0, **params
+    )
     trainer.fit(X_train, y_train)
     sess = onnxruntime.InferenceSession(
-        trainer.get_trained_onnx().SerializeToString(), providers=["CPUExecutionProvider"]
+        trainer.get_trained_onnx().SerializeToString(),
+        providers=["CPUExecutionProvider"],
     )
     pred = sess.run(None, {"X": X_test})[0].ravel()
     results[name] = (trainer, mean_squared_error(y_test, pred))
-    print(f"{name:34s} objective {trainer.train_losses_[-1]:.4f}  test MSE {results[name][1]:.4f}")
+    objective, mse = trainer.train_losses_[-1], results[name][1]
+    print(f"{name:34s} objective {objective:.4f}  test MSE {mse:.4f}")
 
 # %%
 # The same steps as the full loop
@@ -96,12 +108,21 @@ for name, params in variants.items():
 # Both loops build their loss, penalty and update from the same code: with the same settings
 # and the same data order, the partial loop and the fused loop reach the same weights.
 
-common = dict(max_iter=5, batch_size=16, learning_rate=LearningRateSGDNesterov(eta0=0.002), shuffle=False)
-partial = OrtGradientForwardBackwardOptimizer(onx, learning_loss="square_error", **common)
+common = dict(
+    max_iter=5,
+    batch_size=16,
+    learning_rate=LearningRateSGDNesterov(eta0=0.002),
+    shuffle=False,
+)
+partial = OrtGradientForwardBackwardOptimizer(
+    onx, learning_loss="square_error", **common
+)
 full = OrtGradientOptimizer(add_loss_output(onx, "squared_error"), **common)
 partial.fit(X_train, y_train)
 full.fit(X_train, y_train)
-gap = max(np.abs(partial.get_state()[k] - full.get_state()[k]).max() for k in full.get_state())
+gap = max(
+    np.abs(partial.get_state()[k] - full.get_state()[k]).max() for k in full.get_state()
+)
 print("largest weight difference after 5 epochs:", gap)
 print("losses (partial):", np.round(partial.train_losses_, 6))
 print("losses (full):   ", np.round(full.train_losses_, 6))

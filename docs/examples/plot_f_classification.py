@@ -25,7 +25,9 @@ from sklearn.preprocessing import StandardScaler
 from ort_train_sklearn import OnnxModelClassifier, OrtSGDClassifier
 
 X, y = load_breast_cancer(return_X_y=True)
-X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.3, random_state=0, stratify=y)
+X_train, X_test, y_train, y_test = train_test_split(
+    X, y, test_size=0.3, random_state=0, stratify=y
+)
 scaler = StandardScaler().fit(X_train)
 X_train = scaler.transform(X_train).astype(np.float32)
 X_test = scaler.transform(X_test).astype(np.float32)
@@ -39,11 +41,15 @@ X_test = scaler.transform(X_test).astype(np.float32)
 # per-sample steps exactly, one onnxruntime run per row) and ``training`` (``'full'`` or
 # ``'partial'``) are ours.
 
-ours = OrtSGDClassifier(loss="log_loss", alpha=1e-3, max_iter=20, tol=None, random_state=0)
+ours = OrtSGDClassifier(
+    loss="log_loss", alpha=1e-3, max_iter=20, tol=None, random_state=0
+)
 ours.fit(X_train, y_train)
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    theirs = SGDClassifier(loss="log_loss", alpha=1e-3, max_iter=20, tol=None, random_state=0)
+    theirs = SGDClassifier(
+        loss="log_loss", alpha=1e-3, max_iter=20, tol=None, random_state=0
+    )
     theirs.fit(X_train, y_train)
 for name, model in [("OrtSGDClassifier", ours), ("SGDClassifier", theirs)]:
     proba = model.predict_proba(X_test)
@@ -56,11 +62,15 @@ for name, model in [("OrtSGDClassifier", ours), ("SGDClassifier", theirs)]:
 # The exported graph runs alone in onnxruntime and gives the same probabilities.
 
 onx = ours.to_onnx()
-sess = onnxruntime.InferenceSession(onx.SerializeToString(), providers=["CPUExecutionProvider"])
+sess = onnxruntime.InferenceSession(
+    onx.SerializeToString(), providers=["CPUExecutionProvider"]
+)
 print([o.name for o in sess.get_outputs()])
 label, proba = sess.run(None, {sess.get_inputs()[0].name: X_test})
 print("same labels:", bool((label == ours.predict(X_test)).all()))
-print("largest probability gap:", float(np.abs(proba - ours.predict_proba(X_test)).max()))
+print(
+    "largest probability gap:", float(np.abs(proba - ours.predict_proba(X_test)).max())
+)
 
 # %%
 # Fine-tuning a fitted logistic regression
@@ -70,7 +80,9 @@ print("largest probability gap:", float(np.abs(proba - ours.predict_proba(X_test
 # from its own weights.
 
 small = LogisticRegression(C=0.1).fit(X_train[:40], y_train[:40])
-tuned = OnnxModelClassifier(small, learning_rate_init=0.05, batch_size=16, max_iter=30, random_state=0)
+tuned = OnnxModelClassifier(
+    small, learning_rate_init=0.05, batch_size=16, max_iter=30, random_state=0
+)
 tuned.fit(X_train, y_train)
 print(f"log loss before {log_loss(y_test, small.predict_proba(X_test)):.4f}")
 print(f"log loss after  {log_loss(y_test, tuned.predict_proba(X_test)):.4f}")
@@ -79,8 +91,14 @@ print(f"log loss after  {log_loss(y_test, tuned.predict_proba(X_test)):.4f}")
 # Training curves and ROC curves on the test rows.
 
 fig, ax = plt.subplots(1, 2, figsize=(11, 4))
-ax[0].plot(np.arange(1, len(ours.loss_curve_) + 1), ours.loss_curve_, label="OrtSGDClassifier")
-ax[0].plot(np.arange(1, len(tuned.loss_curve_) + 1), tuned.loss_curve_, label="OnnxModelClassifier")
+ax[0].plot(
+    np.arange(1, len(ours.loss_curve_) + 1), ours.loss_curve_, label="OrtSGDClassifier"
+)
+ax[0].plot(
+    np.arange(1, len(tuned.loss_curve_) + 1),
+    tuned.loss_curve_,
+    label="OnnxModelClassifier",
+)
 ax[0].set_xlabel("epoch")
 ax[0].set_ylabel("training loss (log loss)")
 ax[0].set_yscale("log")

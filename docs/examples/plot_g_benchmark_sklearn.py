@@ -35,7 +35,7 @@ params = dict(
 
 
 def best_time(estimator, X, y, repeat=3):
-    """Best of ``repeat`` fits after one warm-up fit (which builds ort-train's graphs)."""
+    """Best of ``repeat`` fits after one warm-up fit (it builds ort-train's graphs)."""
     times = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # 5 epochs do not converge
@@ -57,7 +57,9 @@ for n in sizes:
     t_sk = best_time(MLPRegressor(**params), X, y)
     rows.append((n, t_ours / EPOCHS, t_sk / EPOCHS))
     ms_ours, ms_sk = t_ours / EPOCHS * 1e3, t_sk / EPOCHS * 1e3
-    print(f"n={n:5d}  ms per epoch: ort-train {ms_ours:7.2f}  scikit-learn {ms_sk:7.2f}")
+    print(
+        f"n={n:5d}  ms per epoch: ort-train {ms_ours:7.2f}  scikit-learn {ms_sk:7.2f}"
+    )
 
 # %%
 # Both fit the same network from the same initial weights: the losses agree.

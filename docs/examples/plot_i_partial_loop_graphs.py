@@ -23,6 +23,7 @@ networkx and matplotlib (no graphviz needed).
 
 import os
 import tempfile
+import textwrap
 
 import matplotlib.pyplot as plt
 import networkx as nx
@@ -83,13 +84,20 @@ for name, path in sorted(paths.items()):
 # that flows from one to another (initializers and constants left out); operators placed in
 # layers by topological order.
 
-COLORS = {"input": "#9bd39b", "output": "#f3a6a6", "op": "#a9c8ee", "microsoft": "#f6c77c"}
+COLORS = {
+    "input": "#9bd39b",
+    "output": "#f3a6a6",
+    "op": "#a9c8ee",
+    "microsoft": "#f6c77c",
+}
 
 
 def to_networkx(onx):
     g = nx.DiGraph()
     constants = {i.name for i in onx.graph.initializer}
-    constants |= {o for n in onx.graph.node if n.op_type == "Constant" for o in n.output}
+    constants |= {
+        o for n in onx.graph.node if n.op_type == "Constant" for o in n.output
+    }
     producer = {}
     for i in onx.graph.input:
         if i.name not in constants:
@@ -113,8 +121,8 @@ def to_networkx(onx):
 
 
 def layered_layout(g):
-    """Layers from top to bottom in topological order; inside a layer, nodes sorted by the
-    mean position of their predecessors (fewer crossings), one unit apart."""
+    """Layers from top to bottom in topological order; inside a layer, nodes sorted
+    by the mean position of their predecessors (fewer crossings), one unit apart."""
     pos = {}
 
     def parents_x(n):
@@ -132,8 +140,12 @@ def draw(ax, onx, title):
     g = to_networkx(onx)
     pos = layered_layout(g)
     colors = [COLORS[g.nodes[n]["kind"]] for n in g.nodes]
-    nx.draw_networkx_edges(g, pos, ax=ax, arrowsize=8, edge_color="#888888", node_size=600)
-    nx.draw_networkx_nodes(g, pos, ax=ax, node_color=colors, node_size=600, node_shape="s")
+    nx.draw_networkx_edges(
+        g, pos, ax=ax, arrowsize=8, edge_color="#888888", node_size=600
+    )
+    nx.draw_networkx_nodes(
+        g, pos, ax=ax, node_color=colors, node_size=600, node_shape="s"
+    )
     labels = {n: g.nodes[n]["label"].replace("_", "_\n", 1) for n in g.nodes}
     nx.draw_networkx_labels(g, pos, labels=labels, ax=ax, font_size=6)
     ax.set_title(f"{title}\n({len(onx.graph.node)} nodes)", fontsize=10)
@@ -153,9 +165,20 @@ graphs = [
     ("loss_gradient_batch16", "elastic loss and its gradient"),
     ("penalty_and_update", "penalty gradient + Nesterov update"),
 ]
-fig, axes = plt.subplots(1, 3, figsize=(16, 10), gridspec_kw={"width_ratios": [1, 2, 2]})
+fig, axes = plt.subplots(
+    1, 3, figsize=(16, 10), gridspec_kw={"width_ratios": [1, 2, 2]}
+)
 for ax, (name, title) in zip(axes, graphs):
     onx = onnx.load(paths[name])
-    print(name, "inputs:", [i.name for i in onx.graph.input], "outputs:", [o.name for o in onx.graph.output])
+    for label, values in [
+        ("inputs: ", onx.graph.input),
+        ("outputs:", onx.graph.output),
+    ]:
+        names = ", ".join(v.name for v in values)
+        print(
+            textwrap.fill(
+                names, 88, initial_indent=f"{name} {label} ", subsequent_indent="    "
+            )
+        )
     draw(ax, onx, title)
 fig.tight_layout()

@@ -79,7 +79,9 @@ def train(model, epochs=30, batch=32):
         total = 0.0
         for s in range(0, len(X), batch):
             optimizer.zero_grad()
-            loss = torch.nn.functional.mse_loss(model(X[s : s + batch]), y[s : s + batch])
+            loss = torch.nn.functional.mse_loss(
+                model(X[s : s + batch]), y[s : s + batch]
+            )
             loss.backward()
             optimizer.step()
             total += loss.item() * len(X[s : s + batch])

@@ -33,7 +33,9 @@ torch.manual_seed(0)
 digits = load_digits()
 X = (digits.images / 16.0).astype(np.float32)[:, None]  # images [N, 1, 8, 8]
 y = digits.target.astype(np.int64)
-X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.3, random_state=0, stratify=y)
+X_train, X_test, y_train, y_test = train_test_split(
+    X, y, test_size=0.3, random_state=0, stratify=y
+)
 
 # %%
 # The network: a resnet-style block written in torch (torchvision's models are the same
@@ -43,8 +45,14 @@ X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.3, random_
 class Block(nn.Module):
     def __init__(self, c: int) -> None:
         super().__init__()
-        self.conv1, self.bn1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
-        self.conv2, self.bn2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.conv1, self.bn1 = (
+            nn.Conv2d(c, c, 3, padding=1, bias=False),
+            nn.BatchNorm2d(c),
+        )
+        self.conv2, self.bn2 = (
+            nn.Conv2d(c, c, 3, padding=1, bias=False),
+            nn.BatchNorm2d(c),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.relu(self.bn1(self.conv1(x)))
@@ -54,7 +62,9 @@ class Block(nn.Module):
 class SmallResNet(nn.Module):
     def __init__(self, n_classes: int = 10) -> None:
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+        self.stem = nn.Sequential(
+            nn.Conv2d(1, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU()
+        )
         self.block = Block(16)
         self.fc = nn.Linear(16, n_classes)
 
@@ -74,7 +84,9 @@ net.train()
 for _ in range(5):
     for s in range(0, len(labels), 32):
         opt.zero_grad()
-        nn.functional.cross_entropy(net(images[s : s + 32]), labels[s : s + 32]).backward()
+        nn.functional.cross_entropy(
+            net(images[s : s + 32]), labels[s : s + 32]
+        ).backward()
         opt.step()
 
 # %%
@@ -102,7 +114,9 @@ loss_model = add_loss_output(exported, score_name="cross_entropy")
 
 
 def accuracy(model: onnx.ModelProto) -> float:
-    sess = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = onnxruntime.InferenceSession(
+        model.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
     logits = sess.run(None, {"images": X_test})[0]
     return float((logits.argmax(axis=1) == y_test).mean())
 
@@ -113,7 +127,9 @@ print(f"exported, test accuracy on all ten digits: {accuracy(exported):.3f}")
 # Phase 1: the head alone (``weights_to_train``), the backbone frozen.
 
 params = dict(max_iter=15, batch_size=32, learning_rate=0.05, random_state=0)
-head = OrtGradientOptimizer(loss_model, weights_to_train=["fc.weight", "fc.bias"], **params)
+head = OrtGradientOptimizer(
+    loss_model, weights_to_train=["fc.weight", "fc.bias"], **params
+)
 head.fit(X_train, y_train)
 print(f"head fine-tuned: test accuracy {accuracy(head.get_trained_onnx()):.3f}")
 
@@ -151,10 +167,16 @@ reloaded = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"]
 logits = reloaded.run(None, {"images": X_test})[0]
 
 weights = {
-    i.name: torch.from_numpy(numpy_helper.to_array(i).copy()) for i in onnx.load(path).graph.initializer
+    i.name: torch.from_numpy(numpy_helper.to_array(i).copy())
+    for i in onnx.load(path).graph.initializer
 }
-net.load_state_dict({k: weights[k] for k in net.state_dict() if k in weights}, strict=False)
+net.load_state_dict(
+    {k: weights[k] for k in net.state_dict() if k in weights}, strict=False
+)
 net.eval()
 with torch.no_grad():
     expected = net(torch.from_numpy(X_test)).numpy()
-print(f"wrote {path}; largest difference with torch eval(): {np.abs(logits - expected).max():.2e}")
+gap = np.abs(logits - expected).max()
+print(
+    f"wrote {os.path.basename(path)}; largest difference with torch eval(): {gap:.2e}"
+)

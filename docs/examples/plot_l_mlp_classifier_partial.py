@@ -25,12 +25,24 @@ from sklearn.model_selection import train_test_split
 from sklearn.neural_network import MLPClassifier
 from sklearn.preprocessing import StandardScaler
 
-from ort_train_core import LearningRateSGD, NegLogLearningLoss, OrtGradientForwardBackwardOptimizer
+from ort_train_core import (
+    LearningRateSGD,
+    NegLogLearningLoss,
+    OrtGradientForwardBackwardOptimizer,
+)
 
 X, y = load_digits(return_X_y=True)
 X = StandardScaler().fit_transform(X).astype(np.float32)
-X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.3, random_state=0, stratify=y)
-params = dict(hidden_layer_sizes=(50,), solver="sgd", momentum=0.0, learning_rate_init=0.05, batch_size=32)
+X_train, X_test, y_train, y_test = train_test_split(
+    X, y, test_size=0.3, random_state=0, stratify=y
+)
+params = dict(
+    hidden_layer_sizes=(50,),
+    solver="sgd",
+    momentum=0.0,
+    learning_rate_init=0.05,
+    batch_size=32,
+)
 
 # %%
 # The architecture and its initial weights: those of an ``MLPClassifier`` fitted for one epoch,
@@ -67,7 +79,9 @@ trainer = OrtGradientForwardBackwardOptimizer(
     model,
     max_iter=epochs,
     batch_size=params["batch_size"],
-    learning_rate=LearningRateSGD(eta0=params["learning_rate_init"], learning_rate="constant"),
+    learning_rate=LearningRateSGD(
+        eta0=params["learning_rate_init"], learning_rate="constant"
+    ),
     learning_loss=NegLogLearningLoss(probability_function="softmax"),
     random_state=0,
 )
@@ -82,7 +96,9 @@ ours_seconds = time.perf_counter() - t
 t = time.perf_counter()
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", ConvergenceWarning)
-    reference = MLPClassifier(max_iter=epochs, random_state=0, tol=0, n_iter_no_change=epochs, **params)
+    reference = MLPClassifier(
+        max_iter=epochs, random_state=0, tol=0, n_iter_no_change=epochs, **params
+    )
     reference.fit(X_train, y_train)
 theirs_seconds = time.perf_counter() - t
 
@@ -92,11 +108,19 @@ sess = onnxruntime.InferenceSession(
 )
 logits = sess.run(None, {sess.get_inputs()[0].name: X_test})[0]
 ours_accuracy = float((logits.argmax(axis=1) == y_test).mean())
-print(f"ort-train partial loop: {ours_seconds:.2f} s, test accuracy {ours_accuracy:.3f}")
-print(f"MLPClassifier:          {theirs_seconds:.2f} s, test accuracy {reference.score(X_test, y_test):.3f}")
+print(
+    f"ort-train partial loop: {ours_seconds:.2f} s, test accuracy {ours_accuracy:.3f}"
+)
+theirs_accuracy = reference.score(X_test, y_test)
+print(
+    f"MLPClassifier:          {theirs_seconds:.2f} s, "
+    f"test accuracy {theirs_accuracy:.3f}"
+)
 
 fig, ax = plt.subplots(figsize=(6, 3.5))
-ax.plot(np.arange(1, epochs + 1), trainer.train_losses_, label="ort-train (partial loop)")
+ax.plot(
+    np.arange(1, epochs + 1), trainer.train_losses_, label="ort-train (partial loop)"
+)
 ax.plot(np.arange(1, epochs + 1), reference.loss_curve_, label="MLPClassifier")
 ax.set_xlabel("epoch")
 ax.set_ylabel("training log loss")

@@ -22,6 +22,7 @@ import os
 import tempfile
 import time
 import warnings
+from pprint import pprint
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -45,7 +46,9 @@ torch.manual_seed(0)
 digits = load_digits()
 X = (digits.images / 16.0).astype(np.float32)[:, None]  # images [N, 1, 8, 8]
 y = digits.target.astype(np.int64)
-X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.3, random_state=0, stratify=y)
+X_train, X_test, y_train, y_test = train_test_split(
+    X, y, test_size=0.3, random_state=0, stratify=y
+)
 
 # %%
 # A small CNN with BatchNorm, "pretrained" in torch on classes 0 to 4 only.
@@ -68,7 +71,9 @@ net.train()
 for _ in range(3):
     for s in range(0, len(labels), 32):
         opt.zero_grad()
-        nn.functional.cross_entropy(net(images[s : s + 32]), labels[s : s + 32]).backward()
+        nn.functional.cross_entropy(
+            net(images[s : s + 32]), labels[s : s + 32]
+        ).backward()
         opt.step()
 
 # %%
@@ -103,16 +108,26 @@ model = onnx.load_from_string(buffer.getvalue())
 batch_size = 32
 step = export_training_step(
     add_loss_output(model, score_name="cross_entropy"),
-    optimizer=LearningRateSGDNesterov(eta0=0.05, learning_rate="constant", nesterov=False),
+    optimizer=LearningRateSGDNesterov(
+        eta0=0.05, learning_rate="constant", nesterov=False
+    ),
     batch_size=batch_size,
 )
 step_path = os.path.join(tempfile.mkdtemp(), "cnn_training_step.onnx")
 onnx.save(step, step_path)
 sig = step_signature(step)
-print(f"wrote {step_path}: {len(step.graph.node)} nodes, opset {step.opset_import[0].version}")
-print("inputs :", [i.name for i in step.graph.input])
-print("outputs:", [o.name for o in step.graph.output])
-print(f"data inputs {sig.data}; state inputs: {len(sig.state)} (weights, velocities, statistics)")
+opset = step.opset_import[0].version
+print(
+    f"wrote {os.path.basename(step_path)}: {len(step.graph.node)} nodes, opset {opset}"
+)
+print("inputs:")
+pprint([i.name for i in step.graph.input], width=88, compact=True)
+print("outputs:")
+pprint([o.name for o in step.graph.output], width=88, compact=True)
+print(
+    f"data inputs {sig.data}; "
+    f"state inputs: {len(sig.state)} (weights, velocities, statistics)"
+)
 
 # %%
 # The loop: feed a batch and its labels, then feed each output ``<name>_new`` back as the input
@@ -120,8 +135,12 @@ print(f"data inputs {sig.data}; state inputs: {len(sig.state)} (weights, velocit
 # default in the file.
 
 options = onnxruntime.SessionOptions()
-options.log_severity_level = 3  # onnxruntime notes that those inputs have defaults: by design
-sess = onnxruntime.InferenceSession(step_path, options, providers=["CPUExecutionProvider"])
+options.log_severity_level = (
+    3  # onnxruntime notes that those inputs have defaults: by design
+)
+sess = onnxruntime.InferenceSession(
+    step_path, options, providers=["CPUExecutionProvider"]
+)
 names = [o.name.removesuffix("_new") for o in sess.get_outputs()]
 rng = np.random.default_rng(0)
 state, epoch_losses = {}, []
@@ -130,14 +149,16 @@ for epoch in range(10):
     order, losses = rng.permutation(len(y_train)), []
     for s in range(0, len(order) - batch_size + 1, batch_size):  # whole batches only
         rows = order[s : s + batch_size]
-        loss, *new = sess.run(None, {"images": X_train[rows], "label": y_train[rows], **state})
+        loss, *new = sess.run(
+            None, {"images": X_train[rows], "label": y_train[rows], **state}
+        )
         state = dict(zip(names[1:], new))
         losses.append(float(loss))
     epoch_losses.append(np.mean(losses))
     print(f"epoch {epoch + 1:2d}: mean training loss {epoch_losses[-1]:.4f}")
 elapsed = time.perf_counter() - start
 n_steps = 10 * (len(y_train) // batch_size)
-print(f"{n_steps} steps in {elapsed:.2f} s ({1000 * elapsed / n_steps:.2f} ms a step, this machine)")
+print(f"{n_steps} steps in {elapsed:.2f} s ({1000 * elapsed / n_steps:.2f} ms a step)")
 
 # %%
 # The trained model: the state's weights and running statistics written into the exported
@@ -146,14 +167,21 @@ print(f"{n_steps} steps in {elapsed:.2f} s ({1000 * elapsed / n_steps:.2f} ms a 
 
 
 def accuracy(m: onnx.ModelProto) -> float:
-    infer = onnxruntime.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    infer = onnxruntime.InferenceSession(
+        m.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
     logits = infer.run(None, {"images": X_test})[0]
     return float((logits.argmax(axis=1) == y_test).mean())
 
 
 trained = model_from_step_state(model, state)
-before = model_from_step_state(model, step_initial_state(step))  # the state before the first step
-print(f"test accuracy on all ten digits: before {accuracy(before):.3f}, after {accuracy(trained):.3f}")
+before = model_from_step_state(
+    model, step_initial_state(step)
+)  # the state before the first step
+print(
+    f"test accuracy on all ten digits: before {accuracy(before):.3f}, "
+    f"after {accuracy(trained):.3f}"
+)
 
 fig, ax = plt.subplots(figsize=(6, 3.5))
 ax.plot(np.arange(1, len(epoch_losses) + 1), epoch_losses, marker="o")

@@ -40,6 +40,19 @@ class ParamsMixin:
         ]
 
     def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """The constructor's parameters, as scikit-learn's ``get_params``.
+
+        Parameters
+        ----------
+        deep : bool, default=True
+            Also return the parameters of parameters that have ``get_params`` (a learning
+            rate, a loss), as ``<parameter>__<name>``.
+
+        Returns
+        -------
+        dict of str to object
+            The values by parameter name.
+        """
         out: dict[str, Any] = {}
         for name in self._param_names():
             value = getattr(self, name)
@@ -50,6 +63,24 @@ class ParamsMixin:
         return out
 
     def set_params(self: T, **params: Any) -> T:
+        """Sets constructor parameters, as scikit-learn's ``set_params``.
+
+        Parameters
+        ----------
+        **params
+            New values by parameter name; ``<parameter>__<name>`` sets a parameter of a
+            parameter (``learning_rate__eta0=0.01``).
+
+        Returns
+        -------
+        self
+            The object, changed in place.
+
+        Raises
+        ------
+        ValueError
+            For a name that is no parameter, with the list of valid ones.
+        """
         valid = self._param_names()
         nested: dict[str, dict[str, Any]] = {}
         for key, value in params.items():

@@ -49,25 +49,23 @@ from .graph import (
 
 
 class DerivativeOptions(enum.IntFlag):
-    """How :func:`onnx_derivative` builds the gradient graph (onnxcustom's names and values).
+    """How :func:`onnx_derivative` builds the gradient graph (onnxcustom's names and values)."""
 
-    * ``Zero``: inputs are the graph's inputs, the weights and one gradient per float output
-      (named as :func:`onnx_derivative` says); outputs are the gradients ``<name>_grad`` of the
-      inputs and weights.
-    * ``KeepYieldOp``: onnxruntime-training's forward/backward graph, a ``YieldOp``
-      (com.microsoft) between the forward and the backward; not combinable.
-    * ``KeepOutputs``: the forward's outputs come first among the outputs.
-    * ``FillGrad``: every output gradient is ones (no gradient inputs); needs ``KeepOutputs``.
-    * ``Loss``: the graph has a scalar loss output (``loss=``) and a label input (``label=``);
-      outputs are the graph's outputs, then the gradients of the inputs (label excepted) and
-      of the weights. Its value, 5, equals ``KeepYieldOp | FillGrad`` as in onnxcustom, and
-      it combines with no other option (it keeps the outputs already).
-    """
-
+    #: Inputs are the graph's inputs, the weights and one gradient per float output (named as
+    #: :func:`onnx_derivative` says); outputs are the gradients ``<name>_grad`` of the inputs
+    #: and weights.
     Zero = 0
+    #: onnxruntime-training's forward/backward graph, a ``YieldOp`` (com.microsoft) between
+    #: the forward and the backward; not combinable.
     KeepYieldOp = 1
+    #: The forward's outputs come first among the outputs.
     KeepOutputs = 2
+    #: Every output gradient is ones (no gradient inputs); needs ``KeepOutputs``.
     FillGrad = 4
+    #: The graph has a scalar loss output (``loss=``) and a label input (``label=``); outputs
+    #: are the graph's outputs, then the gradients of the inputs (label excepted) and of the
+    #: weights. Its value, 5, equals ``KeepYieldOp | FillGrad`` as in onnxcustom, and it
+    #: combines with no other option (it keeps the outputs already).
     Loss = 5
 
 

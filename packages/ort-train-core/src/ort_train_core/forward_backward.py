@@ -185,9 +185,29 @@ class OrtGradientForwardBackward:
         return {s: a.read() for s, a in self._statistics.items()}
 
     def get_weights(self) -> dict[str, np.ndarray]:
+        """A copy of the trained weights, read from the device.
+
+        Returns
+        -------
+        dict of str to numpy.ndarray
+            The values by weight name (``weights_to_train``).
+        """
         return {w: a.read() for w, a in self._weights.items()}
 
     def set_weights(self, values: Mapping[str, Any]) -> None:
+        """Writes new values of trained weights into their device buffers.
+
+        Parameters
+        ----------
+        values : mapping of str to array-like
+            New values by weight name; weights not named keep theirs. Each value is cast to
+            the weight's dtype.
+
+        Raises
+        ------
+        ValueError
+            For a name that is not a trained weight, or a value of another shape.
+        """
         for name, value in values.items():
             if name not in self._weights:
                 raise ValueError(f"unknown weight {name!r}; trained weights are {self.weights_to_train}")
