@@ -72,18 +72,20 @@ class LearningRateSGDTruncatedL1(LearningRateSGD):
         if weight not in self.penalized:  # the intercept: plain SGD, its states unused
             new, _ = super().update_nodes(b, weight, grad, [], scalars)
             return new, [b.op("Identity", [total]), b.op("Identity", [applied])]
-        l1 = b.const(self.l1, "l1")
-        # the gradient holds the objective's l1 sign(W) (Abs's gradient in both backends)
-        data_grad = b.op("Sub", [grad, b.op("Mul", [l1, b.op("Sign", [weight])])], f"{weight}_data_grad")
-        step = b.op("Mul", [scalars["learning_rate"], data_grad], f"{weight}_step")
-        moved = b.op("Sub", [weight, step], f"{weight}_moved")
-        u = b.op("Add", [total, b.op("Mul", [l1, scalars["learning_rate"]])], f"{weight}_l1_total_new")
-        zero = b.const(0.0, "zero")
-        # scikit-learn's l1penalty: w > 0 -> max(0, w - (u + q)); w < 0 -> min(0, w + (u - q))
-        down = b.op("Max", [b.op("Sub", [moved, b.op("Add", [u, applied])]), zero])
-        up = b.op("Min", [b.op("Add", [moved, b.op("Sub", [u, applied])]), zero])
-        negative = b.op("Where", [b.op("Less", [moved, zero]), up, moved])
-        new = b.op("Where", [b.op("Greater", [moved, zero]), down, negative], f"{weight}_new")
+        lr = scalars["learning_rate"]
+        # no 0-d operand over the weight (the scalars come shaped for it: onnxruntime's slow
+        # broadcast over [F, 1]) and no Where: a few elementwise kernels over the coefficients
+        l1_step = b.op("Mul", [b.const(self.l1, "l1"), lr], f"{weight}_l1_step")
+        # the gradient holds the objective's l1 sign(W) (Abs's gradient in both backends): the
+        # step leaves it out, the truncation below applies the penalty instead
+        stepped = b.op("Sub", [weight, b.op("Mul", [lr, grad])], f"{weight}_stepped")
+        moved = b.op("Add", [stepped, b.op("Mul", [l1_step, b.op("Sign", [weight])])], f"{weight}_moved")
+        u = b.op("Add", [total, l1_step], f"{weight}_l1_total_new")
+        # scikit-learn's l1penalty: w > 0 -> max(0, w - (u + q)); w < 0 -> min(0, w + (u - q));
+        # with s = sign(w) both are s * max(0, |w| - u - s q), and 0 stays 0
+        sign = b.op("Sign", [moved])
+        room = b.op("Sub", [b.op("Sub", [b.op("Abs", [moved]), u]), b.op("Mul", [sign, applied])])
+        new = b.op("Mul", [sign, b.op("Relu", [room])], f"{weight}_new")
         q_new = b.op("Add", [applied, b.op("Sub", [new, moved])], f"{weight}_l1_applied_new")
         return new, [u, q_new]
 
