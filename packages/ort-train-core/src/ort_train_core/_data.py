@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -757,3 +758,26 @@ class BatchStore:
             return self._row_totals
         w = weights if order is None else weights[order]
         return np.add.reduceat(w.astype(np.float64), [s for s, _ in self.bounds])
+
+    def release_sources(self, max_bytes: int) -> bool:
+        """Where the batches view the store's own host buffers (shuffled dense data: the epoch
+        copies or the per-batch gather buffers) of at most ``max_bytes``, forgets the fit's
+        arrays, keeping their shapes and types for :meth:`take_sources`, and returns True;
+        False, unchanged, where they view the arrays themselves, live on a device or are sparse."""
+        own = self._epoch_copies or self.buffers
+        if self._gather or any(self._sparse) or not own or sum(a.nbytes for a in own) > max_bytes:
+            return False
+        self._released: list[Any] | None = [(a.shape, a.dtype) for a in self.sources]
+        self.sources = []
+        return True
+
+    def take_sources(self, data: Sequence[np.ndarray | None]) -> bool:
+        """Gives a released store the (dense) arrays of another fit, of the same shapes and
+        types: its batch views, and the bindings made on them, then serve that fit (its
+        :meth:`load` fills them). False, unchanged, for other arrays."""
+        arrays = [a for a in data if a is not None]
+        specs = [(a.shape, a.dtype) if isinstance(a, np.ndarray) else None for a in arrays]
+        if specs != getattr(self, "_released", None):
+            return False
+        self.sources, self._released = arrays, None
+        return True

@@ -21,7 +21,7 @@ from onnx import ModelProto, numpy_helper
 
 from ._backends import get_backend
 from ._binding import check_threads
-from ._data import BatchStore, DataSpec, _count_non_finite, check_fit_arrays
+from ._data import BatchStore, DataSpec, _count_non_finite, check_fit_arrays, is_sparse
 from ._data import _all_finite as _array_finite
 from ._ort_errors import is_onnxruntime_error, run_failure
 from ._params import ParamsMixin, plain_repr
@@ -77,6 +77,8 @@ class StepRunner(Protocol):
 
     def reduce_learning_rate(self, epoch: int) -> bool: ...
 
+    def continue_fit(self, lr: BaseLearningRate) -> None: ...
+
 
 class _Outcome(enum.Enum):
     """How the epochs of a fit ended, when no error ended them."""
@@ -91,6 +93,11 @@ def _positive_int(name: str, value: Any) -> int:
         raise ValueError(f"{name} must be an integer > 0, got {value!r}")
     return int(value)
 
+
+#: a fit's runner is kept for the next fit to continue with (a stream of partial_fit calls) when
+#: the buffers its batches view hold at most this many bytes: 4 MiB is 20,000 rows of 50 float32
+#: features, whose epoch takes far longer than building a runner (0.2-0.5 ms)
+KEEP_RUNNER_MAX_BYTES = 4 << 20
 
 #: the fit lock of each object being fitted and the thread holding it: a dict beside the object
 #: rather than an attribute, so that pickling and deep copies never meet a lock
@@ -228,9 +235,56 @@ class BaseOrtTrainer(ParamsMixin):
         then reads ones), fused steps take the ones as a constant: the batches carry no weight
         column and the weighting folds out of the step (a hinge step on 16 x 30: 30 -> 27
         kernels)."""
-        unit = self._folds_unit_weights and sample_weight is None and data[-1] is not None
+        unit = self._unit_weights(data, sample_weight)
         store = self._batch_store([*data[:-1], None] if unit else data, device)
         return self._make_runner(store, state, device, lr, validation, unit_weights=unit)
+
+    def _unit_weights(self, data: list[np.ndarray | None], sample_weight: Any) -> bool:
+        """Whether the steps take the fit's unit sample weights as a constant."""
+        return self._folds_unit_weights and sample_weight is None and data[-1] is not None
+
+    def _runner_key(
+        self, data: list[np.ndarray | None], sample_weight: Any, device: Device, lr: BaseLearningRate
+    ) -> Any:
+        """What the runner of a fit without validation data was made for: the graphs' record
+        (kept alive beside it, so its id stays its own), the arrays' shapes and types, the unit
+        weights, and the settings of the steps and batches."""
+        arrays = tuple(None if a is None else (a.shape, a.dtype, is_sparse(a)) for a in data)
+        # the record's parameters name the backend: a change of backend is a change of record
+        settings = (str(device), repr(lr), self.batch_size, bool(self.shuffle), self._threads())
+        return id(self.__dict__.get("_graph_record")), arrays, sample_weight is None, settings
+
+    def _runner_for(
+        self,
+        data: list[np.ndarray | None],
+        sample_weight: Any,
+        device: Device,
+        lr: BaseLearningRate,
+        validation: Sequence[np.ndarray | None] | None,
+        key: Any,
+    ) -> StepRunner:
+        """This fit's runner: the previous fit's when this one continues it (warm_start, as each
+        scikit-learn partial_fit does: nothing changed the state since) with data of the same
+        shapes and the same settings, its sessions and bindings made once serving every call
+        (building them took half of a 200-row partial_fit); a new one otherwise."""
+        kept = self.__dict__.pop("_kept_runner", None)
+        if kept is not None and key is not None and kept[0] == key and kept[3] is self._state:
+            runner: StepRunner = kept[2]
+            if runner.store.take_sources(
+                [*data[:-1], None] if self._unit_weights(data, sample_weight) else data
+            ):
+                runner.continue_fit(lr)
+                return runner
+        return self._new_runner(data, sample_weight, self._state, device, lr, validation)
+
+    def _keep_runner(self, runner: StepRunner, key: Any, outcome: _Outcome) -> None:
+        """Keeps a fit's runner for the next fit to continue with (see _runner_for) where its
+        batches view buffers of its own of at most KEEP_RUNNER_MAX_BYTES (shuffled dense data on
+        the host), the fit's arrays released; a larger fit's steps outweigh building one."""
+        if key is None or outcome is _Outcome.INTERRUPTED:
+            return
+        if runner.store.release_sources(KEEP_RUNNER_MAX_BYTES):
+            self._kept_runner = (key, self.__dict__.get("_graph_record"), runner, self._state)
 
     def _prediction_model(self) -> ModelProto:
         """The prediction graph (initial weights); trained weights are set on a copy."""
@@ -254,6 +308,7 @@ class BaseOrtTrainer(ParamsMixin):
         (``_graph_record``, kept by the concrete trainer) is dropped."""
         self.__dict__.pop("_graph_record", None)
         self.__dict__.pop("_graph_seen", None)
+        self.__dict__.pop("_kept_runner", None)
 
     def _validate_params(self) -> tuple[Device, BaseLearningRate]:
         _positive_int("max_iter", self.max_iter)
@@ -487,8 +542,9 @@ class BaseOrtTrainer(ParamsMixin):
         n_epochs = int(self.max_iter) - self.n_iter_ if resuming else int(self.max_iter)
         if n_epochs <= 0:
             return self
+        key = self._runner_key(data, sample_weight, device, lr) if validation is None else None
         try:
-            runner = self._new_runner(data, sample_weight, self._state, device, lr, validation)
+            runner = self._runner_for(data, sample_weight, device, lr, validation, key)
         except Exception as exc:  # the partial loop runs a first forward to size its buffers
             if not is_onnxruntime_error(exc):
                 raise
@@ -501,6 +557,7 @@ class BaseOrtTrainer(ParamsMixin):
             ) from exc
         weights = data[-1] if self._batches_weighted_by_sample_weight() else None
         outcome = self._train(runner, weights, n_epochs, resuming)
+        self._keep_runner(runner, key, outcome)
         self._warn_outcome(outcome)
         return self
 
@@ -518,7 +575,8 @@ class BaseOrtTrainer(ParamsMixin):
         """Starts the history and state afresh, or checks that a continued fit keeps its
         learning rate (the optimizer states belong to it)."""
         previous_lr: str | None = getattr(self, "_lr_signature", None)
-        if continuing and previous_lr is not None and previous_lr != repr(lr):
+        signature = repr(lr)
+        if continuing and previous_lr is not None and previous_lr != signature:
             # a CheckpointMismatchError (a ValueError) names the setting, for the CLI's words
             raise CheckpointMismatchError(
                 "continuing a fit (warm_start=True or resume) continues the optimizer state, but the "
@@ -538,7 +596,7 @@ class BaseOrtTrainer(ParamsMixin):
                 )
             self._state = initial
             self._new_history()
-        self._lr_signature = repr(lr)
+        self._lr_signature = signature
 
     def _new_history(self) -> None:
         self._rng = np.random.default_rng(self.random_state)
@@ -987,6 +1045,7 @@ class BaseOrtTrainer(ParamsMixin):
         state = self.__dict__.copy()
         state.pop("_graph_record", None)  # sessions and graphs are rebuilt lazily
         state.pop("_graph_seen", None)
+        state.pop("_kept_runner", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -187,6 +187,25 @@ class FitGraphs:
         return batchnorm.inference_form(without_penalty(model, self.loss_name))
 
     @functools.cached_property
+    def data_spec(self) -> DataSpec:
+        """What a fit's arrays must be, read from the loss graph's inputs once per record (a
+        fit checks its arrays against it: reading it took a third of that check)."""
+        model, inputs = self.loss_model, self.inputs
+        by_name = {i.name: i for i in model.graph.input}
+        label = feature_spec(by_name[inputs.label])
+        weight_dtype = np.dtype(np.float32)
+        if inputs.sample_weight is not None:
+            weight_dtype = feature_spec(by_name[inputs.sample_weight]).dtype
+        return DataSpec(
+            features=tuple(feature_spec(by_name[n]) for n in inputs.features),
+            label_dtype=label.dtype,
+            label_tail=tuple(label.dims[1:]) if label.dims else (),
+            has_weight=inputs.sample_weight is not None,
+            n_classes=get_metadata(model, "n_classes"),
+            weight_dtype=weight_dtype,
+        )
+
+    @functools.cached_property
     def fingerprint(self) -> str:
         """What a checkpoint must match: :func:`checkpoint.model_fingerprint` of ``trainable``."""
         return model_fingerprint(self.trainable)
@@ -367,21 +386,7 @@ class LossGraphTrainer(BaseOrtTrainer):
         return GraphInputs(parameters, label, weight, features, statistics)
 
     def _data_spec(self) -> DataSpec:
-        model = self._model()
-        inputs = self._inputs()
-        by_name = {i.name: i for i in model.graph.input}
-        label = feature_spec(by_name[inputs.label])
-        weight_dtype = np.dtype(np.float32)
-        if inputs.sample_weight is not None:
-            weight_dtype = feature_spec(by_name[inputs.sample_weight]).dtype
-        return DataSpec(
-            features=tuple(feature_spec(by_name[n]) for n in inputs.features),
-            label_dtype=label.dtype,
-            label_tail=tuple(label.dims[1:]) if label.dims else (),
-            has_weight=inputs.sample_weight is not None,
-            n_classes=get_metadata(model, "n_classes"),
-            weight_dtype=weight_dtype,
-        )
+        return self._fit_graphs().data_spec
 
     def _checked_data(
         self, X: Any, y: Any, sample_weight: Any, X_val: Any, y_val: Any, sample_weight_val: Any

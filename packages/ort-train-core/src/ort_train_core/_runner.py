@@ -219,6 +219,14 @@ class DoubleBufferedRunner:
             self.scalar_table[self.n_steps - self.epoch_first_step :, 0] /= ADAPTIVE_DIVISOR
         return True
 
+    def continue_fit(self, lr: BaseLearningRate) -> None:
+        """Readies a kept runner for a fit that continues from its weights (the fit loop's
+        _runner_for): the fit's learning rate, its 'adaptive' divisions starting afresh as in
+        a new runner."""
+        self.lr = lr
+        self.lr_scale = 1.0
+        self.reduced_epochs = set()
+
     def weights(self) -> dict[str, np.ndarray]:
         """Host copies of the current weights and running statistics (no optimizer states)."""
         p = self.parity
