@@ -385,6 +385,17 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session(python=PRIMARY_PYTHON)
+def install_lines(session: nox.Session) -> None:
+    """The install lines of README.md and the docs, run as copied in fresh venvs (about 2.5 min).
+
+    tests/install (marked slow; in no suite's folder, so CI runs it once, here): from the root,
+    each line's folders and extra; then the pages' Python blocks in the environment they made."""
+    _install_core(session)  # tests/conftest.py imports ort_train_core; the lines install their own
+    session.install("pytest>=8")
+    session.run("python", "-m", "pytest", *(session.posargs or ["tests/install"]))
+
+
+@nox.session(python=PRIMARY_PYTHON)
 def build(session: nox.Session) -> None:
     """Builds wheel and sdist of every distribution and installs each wheel alone.
 

@@ -18,6 +18,8 @@ Conventions the pages follow, and this module reads:
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import textwrap
 from dataclasses import dataclass
@@ -164,3 +166,65 @@ def shell_kind(command: str) -> str:
         if pattern.match(command):
             return kind
     return "unknown"
+
+
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+def _tolerance(token: str) -> float:
+    """Two units of the last digit shown (``0.485`` -> 0.002, ``-3.0e-05`` -> 2e-6)."""
+    mantissa, _, exponent = token.lower().partition("e")
+    decimals = len(mantissa.split(".")[1]) if "." in mantissa else 0
+    return 2 * 10.0 ** (int(exponent or 0) - decimals)
+
+
+def same_output(got: str, expected: str) -> bool:
+    """Whether a block printed what its Output block shows: the same text around the numbers,
+    each number within two units of its last digit or 1%."""
+    got, expected = " ".join(got.split()), " ".join(expected.split())
+    if _NUMBER.split(got) != _NUMBER.split(expected):
+        return False
+    pairs = zip(_NUMBER.findall(got), _NUMBER.findall(expected))
+    return all(abs(float(g) - float(e)) <= max(_tolerance(e), 1e-2 * abs(float(e))) for g, e in pairs)
+
+
+def run_block(block: Block, namespace: dict[str, object]) -> str:
+    """Runs one Python block in ``namespace`` (a page's blocks share one) and returns what it
+    printed."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(block.code, block.where, "exec"), namespace)
+    return out.getvalue()
+
+
+def check_page(page: str) -> list[str]:
+    """Runs a page's Python blocks in order, in the current folder, and returns the problems:
+    a block printing what its Output block does not show, or printing without one."""
+    namespace: dict[str, object] = {"__name__": "__main__"}
+    problems = []
+    for block in code_blocks(page):
+        if block.language != "python":
+            continue
+        printed = run_block(block, namespace)
+        if block.output is None and printed:
+            problems.append(f"{block.where} prints but shows no Output block:\n{printed}")
+        elif block.output is not None and not same_output(printed, block.output):
+            problems.append(f"{block.where} printed\n{printed}\nbut its Output block shows\n{block.output}")
+    return problems
+
+
+if __name__ == "__main__":
+    # `python doc_blocks.py PAGE ...`: runs each page's Python blocks (in a fresh temporary
+    # folder), as the install test does in the environment the install lines made
+    import os
+    import sys
+    import tempfile
+
+    failed = []
+    for name in sys.argv[1:]:
+        with tempfile.TemporaryDirectory() as folder:
+            os.chdir(folder)
+            failed += check_page(name)
+            print(f"{name}: ran")
+    print("\n".join(failed))
+    sys.exit(1 if failed else 0)

@@ -227,7 +227,7 @@ def test_cuda_that_cannot_run_exits_2_with_the_fix(files, tmp_path, capsys, monk
     argv = _fit_argv(files, tmp_path / "o.onnx")
     code, _, err = _run(capsys, *argv, "--device", "cuda")
     assert code == 2
-    assert 'pip install "ort-train-core[cuda]"' in err
+    assert "pip install onnxruntime-training==1.19.2 nvidia-cuda-runtime-cu11==11.8.89 " in err
     monkeypatch.setattr(_runtime.ort_capi, "get_available_providers", lambda: ["CUDAExecutionProvider"])
 
     def no_gpu(index: int) -> None:

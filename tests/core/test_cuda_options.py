@@ -172,7 +172,7 @@ def test_a_cuda_provider_that_fell_back_to_cpu_is_an_error_naming_what_preload_s
     message = str(info.value)
     assert "does not load on cuda:1 (a session there got only ['CPUExecutionProvider'])" in message
     assert "(onnxruntime.preload_dlls said: Failed to load libcublasLt.so.13: cannot open" in message
-    assert 'pip install "ort-train-core[gpu]"' in message
+    assert 'pip install "onnxruntime-gpu[cuda,cudnn]>=1.20"' in message
 
 
 def test_a_loaded_cuda_provider_passes_the_check(monkeypatch):

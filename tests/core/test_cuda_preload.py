@@ -127,7 +127,7 @@ def test_missing_library_names_the_wheel_and_the_fix(tmp_path):
     msg = str(info.value)
     assert "libcufft.so.10 from nvidia-cufft-cu11" in msg
     assert "libcurand.so.10 from nvidia-curand-cu11" in msg
-    assert 'pip install "ort-train-core[cuda]"' in msg
+    assert "pip install onnxruntime-training==1.19.2 nvidia-cuda-runtime-cu11==11.8.89 " in msg
     assert str(site / "nvidia") in msg
 
 

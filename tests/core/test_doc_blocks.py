@@ -17,15 +17,13 @@ The extractor is ``tests/doc_blocks.py``, shared with the install test
 from __future__ import annotations
 
 import ast
-import contextlib
-import io
 import re
 import warnings
 from pathlib import Path
 
 import pytest
 
-from doc_blocks import ROOT, Block, code_blocks, shell_kind, shell_lines
+from doc_blocks import ROOT, Block, code_blocks, run_block, same_output, shell_kind, shell_lines
 
 #: every page with code, and how many Python blocks it has (a block lost or added shows here)
 PYTHON_BLOCKS = {
@@ -85,26 +83,6 @@ def test_every_page_is_listed() -> None:
     assert sorted(PYTHON_BLOCKS) == _pages()
 
 
-_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
-
-
-def _tolerance(token: str) -> float:
-    """Two units of the last digit shown (``0.485`` -> 0.002, ``-3.0e-05`` -> 2e-6)."""
-    mantissa, _, exponent = token.lower().partition("e")
-    decimals = len(mantissa.split(".")[1]) if "." in mantissa else 0
-    return 2 * 10.0 ** (int(exponent or 0) - decimals)
-
-
-def same_output(got: str, expected: str) -> bool:
-    """Whether a block printed what its Output block shows: the same text around the numbers,
-    each number within two units of its last digit or 1%."""
-    got, expected = " ".join(got.split()), " ".join(expected.split())
-    if _NUMBER.split(got) != _NUMBER.split(expected):
-        return False
-    pairs = zip(_NUMBER.findall(got), _NUMBER.findall(expected))
-    return all(abs(float(g) - float(e)) <= max(_tolerance(e), 1e-2 * abs(float(e))) for g, e in pairs)
-
-
 def test_same_output_reads_numbers_to_their_precision() -> None:
     assert same_output("0.4851 [-0.01  0.2]\n", "0.485 [-0.01 0.2]")
     assert same_output("-2.96e-05\n", "-3.0e-05")
@@ -125,11 +103,10 @@ def _imported(blocks: list[Block]) -> set[str]:
 
 
 def _run(block: Block, namespace: dict[str, object]) -> tuple[str, list[warnings.WarningMessage]]:
-    out = io.StringIO()
-    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(out):
+    with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")  # as a reader's python shows them, not pytest's errors
-        exec(compile(block.code, block.where, "exec"), namespace)
-    return out.getvalue(), caught
+        printed = run_block(block, namespace)
+    return printed, caught
 
 
 @pytest.mark.parametrize("page", [page for page, n in PYTHON_BLOCKS.items() if n])

@@ -111,7 +111,7 @@ def test_the_training_backend_on_stock_onnxruntime_names_the_pip_command(monkeyp
         "backend 'onnxruntime-training' needs the training build of onnxruntime (onnxruntime-training-cpu "
         f"or onnxruntime-training 1.19.2), but the loaded onnxruntime is {_runtime.loaded_build()}: "
         "backend='onnx' trains with it. To install it: pip uninstall -y onnxruntime && "
-        'pip install "ort-train-core[cpu]"'
+        "pip install onnxruntime-training-cpu==1.19.2"
     )
     assert _backends.get_backend("onnx").name == "onnx"  # the other backend still comes
 
@@ -177,5 +177,6 @@ def test_two_builds_in_one_environment_warn_with_the_fix(tmp_path):
     assert "installs the same folder 'onnxruntime/', so they overwrote each other's files" in message
     assert f"the loaded one says it is {_runtime.loaded_build()}" in message
     uninstall = "pip uninstall -y " + " ".join(both)
-    assert f'{uninstall} && pip install "ort-train-core[cpu]"' in message
-    assert f'{uninstall} && pip install "ort-train-core[gpu]"' in message
+    cpu = "onnxruntime-training-cpu==1.19.2" if _runtime.has_training_wheel() else '"onnxruntime>=1.20"'
+    assert f"{uninstall} && pip install {cpu}" in message
+    assert f'{uninstall} && pip install "onnxruntime-gpu[cuda,cudnn]>=1.20"' in message

@@ -29,9 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ._runtime import PIP_FIX_CUDA, PIP_FIX_GPU
 from .exceptions import CudaUnavailableError
 
-CUDA_EXTRA_FIX = 'pip install "ort-train-core[cuda]"'
+#: the pip commands of the ``[cuda]`` and ``[gpu]`` extras' runtimes (the wheels they install)
+CUDA_EXTRA_FIX = PIP_FIX_CUDA
 
 
 @dataclass(frozen=True)
@@ -208,7 +210,7 @@ def uses_cuda11_libraries() -> bool:
     return is_training_build(ort_capi)
 
 
-GPU_EXTRA_FIX = 'pip install "ort-train-core[gpu]"'
+GPU_EXTRA_FIX = PIP_FIX_GPU
 
 
 def preload_stock_cuda(index: int = 0, probe: Callable[[int], list[str]] | None = None) -> None:
@@ -249,7 +251,7 @@ def preload_stock_cuda(index: int = 0, probe: Callable[[int], list[str]] | None 
         f"onnxruntime-gpu's CUDA provider does not load on cuda:{index} (a session there got only "
         f"{providers}): its CUDA 13 / cuDNN 9 libraries are missing or of another major version"
         + (f" (onnxruntime.preload_dlls said: {said})" if said else "")
-        + f". Install them with: {GPU_EXTRA_FIX} (onnxruntime-gpu[cuda,cudnn] and NVIDIA's wheels), "
+        + f". Install them with: {GPU_EXTRA_FIX} (onnxruntime-gpu and NVIDIA's wheels of them), "
         "or a system CUDA and cuDNN of the majors onnxruntime.get_build_info() names"
     )
 

@@ -26,10 +26,22 @@ from .exceptions import TrainingRuntimeError
 
 TRAINING_PACKAGES = ("onnxruntime-training", "onnxruntime-training-cpu")
 _OTHER_PACKAGES = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino")
-PIP_FIX_CPU = 'pip install "ort-train-core[cpu]"'
-PIP_FIX_CUDA = 'pip install "ort-train-core[cuda]"'
-PIP_FIX_STOCK = 'pip install "ort-train-core[stock]"'
-PIP_FIX_GPU = 'pip install "ort-train-core[gpu]"'
+# The fixes the messages give install the runtime itself, what each extra of ort-train-core's
+# pyproject names: ort-train-core is already installed (from a clone: it is not on PyPI, so
+# `pip install "ort-train-core[cpu]"` would fail) and only its onnxruntime is missing.
+# tests/install/test_install_lines.py checks them against the pyproject's extras.
+#: the ``[cpu]`` extra where onnxruntime-training-cpu has a wheel (:func:`has_training_wheel`)
+PIP_FIX_CPU = "pip install onnxruntime-training-cpu==1.19.2"
+#: the ``[stock]`` extra, and ``[cpu]`` elsewhere
+PIP_FIX_STOCK = 'pip install "onnxruntime>=1.20"'
+#: the ``[gpu]`` extra
+PIP_FIX_GPU = 'pip install "onnxruntime-gpu[cuda,cudnn]>=1.20"'
+#: the ``[cuda]`` extra: the training build's CUDA wheel and the CUDA 11.8 / cuDNN 8 libraries
+PIP_FIX_CUDA = (
+    "pip install onnxruntime-training==1.19.2 nvidia-cuda-runtime-cu11==11.8.89 "
+    "nvidia-cublas-cu11==11.11.3.6 nvidia-cufft-cu11==10.9.0.58 nvidia-curand-cu11==10.3.0.86 "
+    '"nvidia-cudnn-cu11>=8.9,<9"'
+)
 #: the CPython versions with a wheel of onnxruntime-training-cpu 1.19.2, its last release
 TRAINING_WHEEL_PYTHONS = ((3, 10), (3, 11), (3, 12))
 _TRAINING_WHEEL_TEXT = "CPython 3.10-3.12 on Linux x86-64, macOS and Windows x86-64"
@@ -65,7 +77,7 @@ def has_training_wheel(
     Returns
     -------
     bool
-        True where ``pip install "ort-train-core[cpu]"`` installs the training build.
+        True where the ``[cpu]`` extra of ort-train-core installs the training build.
     """
     if version is None and sys.implementation.name != "cpython":
         return False
@@ -85,11 +97,14 @@ def _uninstall_all(installed: dict[str, str]) -> str:
 
 
 def _fix_message(installed: dict[str, str]) -> str:
-    cpu = "the training build" if has_training_wheel() else f"stock onnxruntime ({_here()})"
+    if has_training_wheel():
+        cpu, fix = "the training build", PIP_FIX_CPU
+    else:
+        cpu, fix = f"stock onnxruntime: no training build for {_here()}", PIP_FIX_STOCK
     what = ", ".join(f"{k}=={v}" for k, v in installed.items()) or "no onnxruntime package"
     return (
         f"Installed: {what}. All onnxruntime builds share the folder 'onnxruntime/', so the last "
-        f"one installed wins. Fix with one of:\n    {_uninstall_all(installed)}{PIP_FIX_CPU}   ({cpu})"
+        f"one installed wins. Fix with one of:\n    {_uninstall_all(installed)}{fix}   ({cpu})"
         f"\n    {_uninstall_all(installed)}{PIP_FIX_GPU}   (onnxruntime-gpu, CUDA)"
     )
 
