@@ -251,8 +251,10 @@ def run_sklearn(
         warnings.simplefilter("ignore", category=ConvergenceWarning)
         warnings.simplefilter("ignore", category=ort_train_core.ConvergenceWarning)
         estimator.fit(as_fit_input(inputs), y if classifier else y.ravel())
-    # OnnxModel*'s loss_curve_ is the trainers' objective (no 1/2 factor, unlike MLPRegressor's)
-    return list(estimator.loss_curve_), estimator.to_onnx()
+    # the trainers' objective: OnnxModelRegressor reports squared_error on MLPRegressor's
+    # scale (half the mean over rows and outputs; one output here), OnnxModelClassifier as it is
+    scale = 1.0 if classifier else 2.0
+    return [scale * v for v in estimator.loss_curve_], estimator.to_onnx()
 
 
 RUNNERS = {"full": run_full, "partial": run_partial, "module": run_module, "sklearn": run_sklearn}

@@ -227,7 +227,10 @@ class OnnxModelRegressor(OrtRegressorMixin, RegressorMixin, _OnnxModelBase):
     %(weights_to_train)s
     loss : {'squared_error', 'absolute_error', 'elastic'}, default='squared_error'
         The loss of each sample, over the outputs of d = p - y: ``sum(d ** 2)``,
-        ``sum(|d|)`` or ``sum(0.5 * |d| + 0.5 * d ** 2)``.
+        ``sum(|d|)`` or ``sum(0.5 * |d| + 0.5 * d ** 2)``. ``loss_curve_``, ``loss_``,
+        ``best_loss_`` and ``tol`` read 'squared_error' on scikit-learn's ``MLPRegressor``
+        scale, half the mean of ``d ** 2`` over rows and outputs; the other losses (which
+        scikit-learn's MLP lacks) as written here, averaged over the rows.
     %(training_parameters)s
 
     Attributes
@@ -297,6 +300,11 @@ class OnnxModelRegressor(OrtRegressorMixin, RegressorMixin, _OnnxModelBase):
     def _loss(self, n_outputs: int) -> tuple[str, str, float]:
         partial = {"squared_error": "square_error"}.get(self.loss, self.loss)
         return self.loss, partial, 1.0
+
+    def _reported_scale(self, n_outputs: int, scale: float) -> float:
+        # scikit-learn's MLPRegressor reports mean((y - p) ** 2) / 2 over rows and outputs; the
+        # objective trained here sums d ** 2 over the outputs
+        return 2.0 * n_outputs if self.loss == "squared_error" else scale
 
     def _predicts_column(self) -> bool:
         # y in the graph's own [N, 1] shape is what the graph predicts: no DataConversionWarning
