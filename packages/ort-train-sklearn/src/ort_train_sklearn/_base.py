@@ -637,8 +637,9 @@ class OrtEstimatorMixin(BaseEstimator):
             not incremental or not _same_params(self._built_with(), self._shaping_params())
         )
         # a partial_fit that goes on with its trainer draws nothing: no random state made
-        # (check_random_state of a seed builds a RandomState: a tenth of a 200-row call)
-        rng = check_random_state(self.random_state) if first or rebuild else None
+        # (check_random_state of a seed builds a RandomState: a tenth of a 200-row call); each
+        # use below is on a path where it was made
+        rng: Any = check_random_state(self.random_state) if first or rebuild else None
         if first:  # the initial weights take the first draws, as in scikit-learn
             model = self._initial_graph(_n_features(X), n_outputs, rng)
         validation = None
