@@ -7,11 +7,11 @@ Train on a GPU
 The same trainers take ``device='cuda'`` (or ``'cuda:N'``): the data goes to the GPU once when
 the fit starts (a shuffled epoch gathers its batches there), weights and optimizer states stay
 there between steps, and the losses come back to the host once per epoch. That needs
-``pip install "./packages/ort-train-core[gpu]"`` (from a clone; onnxruntime-gpu and NVIDIA's CUDA 13 / cuDNN 9 wheels, the
-``onnx`` backend; or the older ``[cuda]``: onnxruntime-training's CUDA build and the CUDA 11.8 /
-cuDNN 8 wheels) and a GPU; this script asks :func:`~ort_train_core.check_device` and falls
-back to the CPU otherwise (which is what happens while the documentation builds on a machine
-without a GPU).
+``pip install "./packages/ort-train-core[gpu]"`` (from a clone; onnxruntime-gpu and NVIDIA's
+CUDA 13 / cuDNN 9 wheels, the ``onnx`` backend; or the older ``[cuda]``: onnxruntime-training's
+CUDA build and the CUDA 11.8 / cuDNN 8 wheels) and a GPU; this script asks
+:func:`~ort_train_core.check_device` and falls back to the CPU otherwise (which is what happens
+while the documentation builds on a machine without a GPU).
 """
 
 import textwrap
