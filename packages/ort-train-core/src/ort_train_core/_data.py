@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ._binding import DeviceArray
+from ._padded import PaddedRows, is_padded
 from ._runtime import Device, ort_capi
 
 
@@ -72,7 +73,11 @@ def is_sparse(value: Any) -> bool:
 
 
 def dense_rows(arr: Any, rows: np.ndarray | slice) -> np.ndarray:
-    """``arr[rows]`` as a dense array: a sparse matrix densifies only these rows."""
+    """``arr[rows]`` as a dense array: a sparse matrix densifies only these rows, a
+    :class:`PaddedRows` pads only these."""
+    if is_padded(arr):
+        padded: np.ndarray = arr.rows(rows)
+        return padded
     if is_sparse(arr):
         out: np.ndarray = arr[rows].toarray()
         return out
@@ -443,6 +448,9 @@ def check_features(specs: tuple[FeatureSpec, ...], X: Any, prefix: str = "") -> 
 
 
 def _check_input(spec: FeatureSpec, value: Any, what: str) -> np.ndarray:
+    if is_padded(value):
+        padded: np.ndarray = _check_padded(spec, value, what)  # made batch by batch, as sparse
+        return padded
     if is_sparse(value):
         sparse: np.ndarray = _check_sparse(spec, value, what)  # a CSR matrix where arrays go
         return sparse
@@ -487,6 +495,19 @@ def _check_input(spec: FeatureSpec, value: Any, what: str) -> np.ndarray:
             )
         return np.ascontiguousarray(arr, dtype=spec.dtype)
     raise TypeError(f"the model's input {spec.name!r} has element type {spec.dtype}, which fit cannot feed")
+
+
+def _check_padded(spec: FeatureSpec, value: PaddedRows, what: str) -> Any:
+    """A padded-row array feeds a 2-D input of its own type (its values were checked when
+    the CSR matrix was: the caller made it from a checked one)."""
+    if (spec.dims is not None and len(spec.dims) != 2) or spec.dtype != value.dtype:
+        raise ValueError(
+            f"{what} is the padded-row {value.part} of a sparse matrix ({value.dtype}, 2-D) but the "
+            f"model's input {spec.name!r} is {spec.dtype} of shape {spec.describe()}"
+        )
+    if value.shape[0] == 0:
+        raise ValueError(f"{what} has no rows")
+    return value
 
 
 def _check_class_indices(spec: DataSpec, ya: np.ndarray, prefix: str) -> np.ndarray:
@@ -642,7 +663,7 @@ class BatchStore:
         self.n = n
         #: a sparse source is densified batch by batch into the batch buffers: it goes through
         #: the gathering path, in row order when not shuffling
-        self._sparse = [is_sparse(a) for a in arrays]
+        self._sparse = [is_sparse(a) or is_padded(a) for a in arrays]
         sparse = any(self._sparse)
         resident = device_resident(device)
         if sparse and resident:
@@ -747,7 +768,11 @@ class BatchStore:
         s, e = self.bounds[batch]
         for src, buf, sparse in zip(self.sources, self.buffers, self._sparse):
             if sparse:
-                buf[: e - s] = src[order[s:e]].toarray()
+                padded: Any = src if is_padded(src) else None
+                if padded is not None:
+                    padded.rows_into(order[s:e], buf[: e - s])
+                else:
+                    buf[: e - s] = src[order[s:e]].toarray()
                 continue
             # mode='clip': the order is a permutation; the default 'raise' copies `out` first
             src.take(order[s:e], axis=0, out=buf[: e - s], mode="clip")

@@ -11,6 +11,7 @@ import numpy as np
 
 from ._binding import CachedBinding, DeviceArray
 from ._data import BatchStore, dense_rows, device_resident, is_sparse
+from ._padded import is_padded
 from ._runtime import Device, ort_capi
 from .checkpoint import TrainingState
 from .learning_rate import ADAPTIVE_DIVISOR, ADAPTIVE_MIN_RATE, BaseLearningRate
@@ -122,7 +123,9 @@ class DoubleBufferedRunner:
         self.eval_binding = CachedBinding(evaluator)
         # a sparse validation X is densified whole: it is run at once after every epoch
         self.val_arrays = [
-            DeviceArray(dense_rows(a, slice(None)) if is_sparse(a) else a, self.device, copy=False)
+            DeviceArray(
+                dense_rows(a, slice(None)) if is_sparse(a) or is_padded(a) else a, self.device, copy=False
+            )
             for a in validation
             if a is not None
         ]

@@ -38,6 +38,7 @@ from onnx import ModelProto
 from ._data import is_sparse
 from ._io import check_regular_file
 from ._npz import read_npz
+from ._padded import is_padded
 from .callbacks import Callback
 from .exceptions import CheckpointMismatchError
 
@@ -624,6 +625,9 @@ def data_fingerprint(arrays: Sequence[Any]) -> str:
             digest.update(b"none;")
             continue
         digest.update(f"{a.shape};{a.dtype.str};".encode())
+        if is_padded(a):  # the padded-row form of a CSR matrix: that matrix, and which part
+            digest.update(f"padded {a.part};".encode())
+            a = a.csr
         if is_sparse(a):
             csr = a if a.has_canonical_format else a.tocsr(copy=True)
             csr.sum_duplicates()  # sorts each row's indices (on the copy when not canonical)

@@ -5,7 +5,10 @@ torch adapters use, public and documented, so that no adapter imports a private 
   intra-op threads a session of that much work gets on CPU), :func:`count_weight_values`.
 * Sparse and tabular data: :func:`is_sparse`, :func:`check_sparse_structure` (refuses a
   malformed scipy matrix before native code reads it), :func:`sparse_as` (a whole sparse matrix
-  densified to a dtype), :func:`dense_rows` (some rows of it densified),
+  densified to a dtype), :func:`dense_rows` (some rows of it densified), :func:`padded_rows`
+  (a CSR matrix as the two :class:`PaddedRows` arrays of its padded-row form, which the fit's
+  batches make one batch at a time: a graph that gathers weights by column trains in
+  O(stored values)),
   :func:`warn_inexact_integers`, :func:`feature_spec` and :func:`check_features` (a graph's
   feature input and the check of a user's ``X`` against it).
 * Caches: :class:`LRUCache`, :func:`model_digest` (a key of a model's content, or of its
@@ -46,6 +49,7 @@ from ._data import (
     warn_inexact_integers,
 )
 from ._loss_trainer import EPOCH_LOSS_WEIGHTS
+from ._padded import PaddedRows, padded_rows
 from ._runtime import Device
 from .graph import float_initializers
 
@@ -56,6 +60,7 @@ __all__ = [
     "MAX_CACHED_MODEL_BYTES",
     "Device",
     "LRUCache",
+    "PaddedRows",
     "check_features",
     "check_sparse_structure",
     "count_weight_values",
@@ -66,6 +71,7 @@ __all__ = [
     "is_sparse",
     "keeps_values",
     "model_digest",
+    "padded_rows",
     "sparse_as",
     "warn_inexact_integers",
     "with_values",

@@ -609,6 +609,15 @@ class OrtEstimatorMixin(BaseEstimator):
             self._fit_alone(X, y, sample_weight, incremental, classes, resume)
         return self
 
+    def _training_form(self, X: Any, validation: _Arrays | None) -> tuple[Any, _Arrays | None]:
+        """X and the validation arrays in the form the trainer's graph takes (as they are here;
+        the SGD estimators' padded rows of a sparse X)."""
+        return X, validation
+
+    def _training_graph(self, model: ModelProto) -> ModelProto:
+        """The graph the trainer trains, over ``model``'s weights (``model`` itself here)."""
+        return model
+
     def _check_fit_call(self, incremental: bool, resume: bool) -> None:
         """The combinations of parameters and calls refused before anything changes."""
         if incremental and self.early_stopping:
@@ -645,6 +654,7 @@ class OrtEstimatorMixin(BaseEstimator):
         validation = None
         if self.early_stopping and not incremental:
             (X, y_enc, sw), validation = self._split_validation(X, y_enc, sw, rng)
+        X, validation = self._training_form(X, validation)
         mean_weight = 1.0 if sw is None or self._rows_weighted else float(np.mean(sw, dtype=np.float64))
         if first:
             self._trainer = self._make_trainer(model, _n_rows(X), n_outputs, rng, mean_weight)
@@ -913,6 +923,7 @@ class OrtEstimatorMixin(BaseEstimator):
         self._report_scale = self._reported_scale(n_outputs, scale)
         self._tol_scale = self._tol_columns(n_outputs)
         self._raw_model = model
+        model = self._training_graph(model)
         weights = self._trained_weights(model)
         batch = self._batch_size(n_samples)
         l1, l2 = self._penalty(scale, batch * mean_weight)
@@ -1000,8 +1011,16 @@ class OrtEstimatorMixin(BaseEstimator):
         )
         dtype = X.dtype
         X = _to_float32("X", X, given)
-        outputs = _run_dense(self._session(kind, X.shape[0]), X)
+        outputs = self._outputs(kind, X)
         return [o.astype(dtype) if o.dtype == np.float32 else o for o in outputs]
+
+    def _outputs(self, kind: str, X: Any) -> list[np.ndarray]:
+        """``kind``'s graph run on the validated float32 X (sparse: densified in chunks)."""
+        return _run_dense(self._session(kind, X.shape[0]), X)
+
+    def _session_graph(self, kind: str) -> ModelProto:
+        """The graph a session of ``kind`` runs: the deployed one, or the raw trained one."""
+        return self.to_onnx() if kind == "deploy" else self._trained_graph()
 
     def _session(self, kind: str, rows: int) -> Any:
         """The session computing ``kind``'s graph on ``rows`` rows, made at first use: on one
@@ -1009,7 +1028,7 @@ class OrtEstimatorMixin(BaseEstimator):
         not each hold a pool of (cores - 1) idle threads."""
         sessions = self.__dict__.setdefault("_sessions", {})
         if kind not in sessions:
-            model = self.to_onnx() if kind == "deploy" else self._trained_graph()
+            model = self._session_graph(kind)
             sessions[kind] = _Sessions(model.SerializeToString(), count_weight_values(model), {})
         entry = sessions[kind]
         device = parse_device(self.device)

@@ -30,6 +30,7 @@ from ._base import _COMMON_CONSTRAINTS, OrtClassifierMixin, OrtEstimatorMixin, O
 from ._docs import Entry, fill_doc
 from ._graphs import dense_graph, layer_names, ovr_probabilities
 from ._l1 import LearningRateSGDTruncatedL1, SparseCoefMixin
+from ._sparse import PaddedRowsMixin
 
 #: batch_size='auto': about this many steps per epoch, within [AUTO_BATCH_MIN, AUTO_BATCH_MAX]
 #: rows (and at most the data)
@@ -145,8 +146,9 @@ class _Averaging(Callback):
                 average[name] += (current - average[name]) * (new / (before + new))
 
 
-class _OrtSGDBase(SparseCoefMixin, OrtEstimatorMixin):
-    # scikit-learn's SGD and MLP estimators take sparse X: batches densified one at a time
+class _OrtSGDBase(SparseCoefMixin, PaddedRowsMixin, OrtEstimatorMixin):
+    # scikit-learn's SGD and MLP estimators take sparse X: trained on its padded rows
+    # (PaddedRowsMixin), or batches densified one at a time where its rows are long
     _accepts_sparse = True
     # scikit-learn's SGD scales each sample's step by its weight
     _rows_weighted = True
