@@ -25,6 +25,8 @@ builds them) and warm (a ``clone`` fitted again on the same rows, as ``GridSearc
 architecture it has fitted: no graph, no session built), whose score must equal the cold one's.
 The backend is the default one (``ORT_TRAIN_BACKEND``), named in the report.
 
+Sparse text case (``--sparse-text-only``): SGD classifiers on tf-idf-like CSR 20 000 x 50 000.
+
 Run: ``python benchmarks/bench_datasets.py [--quick] [--out benchmarks/results]``; it writes
 ``<host>-<date>-datasets-<backend>[-quick].{json,md}``; ``bench_sklearn.py`` runs it too.
 """
@@ -38,6 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
 import _common as common
 
@@ -171,8 +174,8 @@ def run_case(name: str, task: str, estimator: str, seeds: tuple[int, ...]) -> di
     }
 
 
-def run(quick: bool) -> dict[str, Any]:
-    """Every case under one thread; the report."""
+def run(quick: bool, sparse_text_only: bool = False) -> dict[str, Any]:
+    """Every case (or the sparse text case alone) under one thread; the report."""
     from threadpoolctl import threadpool_limits
 
     import ort_train_sklearn  # noqa: F401  (fails early, with its fix, without a runtime)
@@ -182,7 +185,7 @@ def run(quick: bool) -> dict[str, Any]:
     cases = []
     try:
         with threadpool_limits(1):
-            for name, task in DATASETS:
+            for name, task in () if sparse_text_only else DATASETS:
                 if quick and name not in QUICK_DATASETS:
                     continue
                 for estimator in estimators(task):
@@ -194,7 +197,7 @@ def run(quick: bool) -> dict[str, Any]:
                         flush=True,
                     )
                     cases.append(case)
-            for name, task in () if quick else SIZE_SERIES:
+            for name, task in () if quick or sparse_text_only else SIZE_SERIES:
                 for estimator in SIZE_SERIES_ESTIMATORS:
                     if estimator not in estimators(task):
                         continue
@@ -202,6 +205,10 @@ def run(quick: bool) -> dict[str, Any]:
                     case["series"] = "size"
                     print(f"{name:>30} {estimator:>14}: time x{case['time_ratio']:.2f}", flush=True)
                     cases.append(case)
+            streams = [run_stream(*c, seeds) for c in ([] if sparse_text_only else STREAM_CASES[: 2 if quick else 4])]
+            print(*(f"{c['name']:>44}: x{c['targets'][0]['ratio']:.2f}" for c in streams), sep="\n")
+            sparse_text = run_sparse_text(seeds)
+            print(f"{'sparse text':>30} {'SGDClassifier':>14}: x{sparse_text['targets'][0]['ratio']:.2f}")
     finally:
         undo()
     from ort_train_core._backends import default_backend_name
@@ -212,6 +219,8 @@ def run(quick: bool) -> dict[str, Any]:
         "config": {**config, "backend": default_backend_name()},
         "machine": common.machine_info(),
         "cases": cases,
+        "sparse_text": sparse_text,
+        "partial_fit_stream": streams,
     }
 
 
@@ -256,6 +265,9 @@ def markdown_lines(report: dict[str, Any]) -> list[str]:
             "",
         ]
         lines += common.markdown_table(header, tables[1], align)
+    if report.get("sparse_text"):
+        lines += sparse_text_lines(report["sparse_text"])
+    lines += stream_lines(report["partial_fit_stream"]) if report.get("partial_fit_stream") else []
     lines += ["", f"Load average (1 min) around each case: {common.load_text(report['cases'])}"]
     return lines
 
@@ -284,13 +296,85 @@ def _rows(cases: list[dict[str, Any]]) -> list[list[str]]:
     return rows
 
 
+# ---- the sparse text case (issue 30 item 8): ours / scikit-learn's in the same run -----------
+SPARSE_TEXT = {"train": 20_000, "predict": 5_000, "features": 50_000, "density": 1e-3}
+SPARSE_TEXT_TARGETS = {"fit": 3.0, "n_iter": 1.5, "memory": 10.0, "predict": 3.0, "accuracy": 0.01}
+
+
+def text_like(rows: int, features: int, density: float, seed: int) -> tuple[Any, np.ndarray]:
+    """tf-idf-like float64 CSR rows (Zipf-like words, unit norm), labels from a linear function."""
+    rng = np.random.default_rng(seed)
+    rows_of = np.repeat(np.arange(rows), rng.poisson(density * features, rows))
+    p = 1.0 / (np.arange(features) + 20.0)
+    data = (rng.exponential(1.0, rows_of.size), (rows_of, rng.choice(features, rows_of.size, p=p / p.sum())))
+    X = sp.csr_matrix(data, shape=(rows, features))
+    X = sp.csr_matrix(sp.diags(1 / np.maximum(sp.linalg.norm(X, axis=1), 1e-12)) @ X)
+    return X, (X @ rng.standard_normal(features) > 0).astype(int)
+
+
+def _sparse_text_run(make: Callable[..., Any], seed: int, X: Any, y: np.ndarray, n: int) -> dict[str, float]:
+    """Extra memory of an untimed fit on n rows; a timed fit's figures; its best of 5 predicts."""
+    sampler = common.RssSampler().start()
+    make(random_state=seed).fit(X[:n], y[:n])
+    memory, start = float(sampler.stop() or 0), time.process_time()
+    est = make(random_state=seed).fit(X[:n], y[:n])
+    fit, times = time.process_time() - start, [time.perf_counter()]
+    for _ in range(6):  # the first builds the prediction session
+        est.predict(X[n:])
+        times.append(time.perf_counter())
+    figures = {"fit": fit, "n_iter": est.n_iter_, "accuracy": est.score(X[n:], y[n:]), "memory": memory}
+    return {**figures, "predict": min(np.diff(times)[1:])}
+
+
+def run_sparse_text(seeds: tuple[int, ...]) -> dict[str, Any]:
+    """OrtSGDClassifier / SGDClassifier (defaults: hinge) on :func:`text_like` data per seed."""
+    from sklearn.linear_model import SGDClassifier
+
+    from ort_train_sklearn import OrtSGDClassifier
+
+    cfg, runs, loads, n = SPARSE_TEXT, [], [common.loadavg()], SPARSE_TEXT["train"]
+    for seed in seeds:
+        X, y = text_like(n + cfg["predict"], cfg["features"], cfg["density"], seed)
+        for make in (OrtSGDClassifier, SGDClassifier):  # warm-up (imports, graphs), then measured
+            _sparse_text_run(make, seed, X[: n + 500], y[: n + 500], 500)
+        ours, theirs = (_sparse_text_run(m, seed, X, y, n) for m in (OrtSGDClassifier, SGDClassifier))
+        runs.append({"ours": ours, "sk": theirs})
+    targets = []
+    for k, bound in SPARSE_TEXT_TARGETS.items():  # ratio of sums; accuracy: the mean gap
+        ratio = sum(r["ours"][k] for r in runs) / sum(r["sk"][k] or 1e-9 for r in runs)
+        ratio = abs(np.mean([r["ours"][k] - r["sk"][k] for r in runs])) if k == "accuracy" else ratio
+        targets.append({"target": k, "case": "sparse text", "ratio": ratio, "op": "<=", "bound": bound})
+        targets[-1]["pass"] = ratio <= bound
+    return {**cfg, "runs": runs, "targets": targets, "loadavg_1min": [*loads, common.loadavg()]}
+
+
+def sparse_text_lines(case: dict[str, Any]) -> list[str]:
+    """The sparse text table (means over the seeds) and its targets."""
+    scale = {"fit": 1e3, "n_iter": 1, "accuracy": 1, "memory": 2.0**-20, "predict": 1e3}
+    mean = {
+        who: [f"{s * np.mean([r[who][k] for r in case['runs']]):.4g}" for k, s in scale.items()]
+        for who in ("ours", "sk")
+    }
+    rows = [["OrtSGDClassifier", *mean["ours"]], ["SGDClassifier", *mean["sk"]]]
+    return [
+        f"\n### Sparse text: CSR {case['train']} x {case['features']}, density {case['density']:g}, hinge, "
+        f"defaults ({len(case['runs'])} seed(s), one thread)\n",
+        f"Extra memory: {common.RssSampler().method}; predict: {case['predict']} sparse rows, best of 5.\n",
+        *common.markdown_table(["estimator", "fit ms", "n_iter_", "accuracy", "MiB", "predict ms"], rows),
+        *["", *common.targets_table(case["targets"])],
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = common.arguments(__doc__, f"{', '.join(QUICK_DATASETS)}, one seed")
+    parser.add_argument("--sparse-text-only", action="store_true", help="the sparse text case alone")
     args = parser.parse_args(argv)
-    report = run(args.quick)
-    text = "\n".join(["# Datasets", "", common.machine_line(report["machine"]), "", *markdown_lines(report)])
+    report = run(args.quick, args.sparse_text_only)
+    lines = sparse_text_lines(report["sparse_text"]) if args.sparse_text_only else markdown_lines(report)
+    text = "\n".join(["# Datasets", "", common.machine_line(report["machine"]), "", *lines])
     print(f"\n{text}")
-    common.write_report(args.out, f"datasets-{report['config']['backend']}", args.quick, report, text + "\n")
+    name = f"datasets-{report['config']['backend']}{'-sparse-text' * args.sparse_text_only}"
+    common.write_report(args.out, name, args.quick, report, text + "\n")
     return 0
 
 
