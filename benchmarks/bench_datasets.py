@@ -205,8 +205,6 @@ def run(quick: bool, sparse_text_only: bool = False) -> dict[str, Any]:
                     case["series"] = "size"
                     print(f"{name:>30} {estimator:>14}: time x{case['time_ratio']:.2f}", flush=True)
                     cases.append(case)
-            streams = [run_stream(*c, seeds) for c in ([] if sparse_text_only else STREAM_CASES[: 2 if quick else 4])]
-            print(*(f"{c['name']:>44}: x{c['targets'][0]['ratio']:.2f}" for c in streams), sep="\n")
             sparse_text = run_sparse_text(seeds)
             print(f"{'sparse text':>30} {'SGDClassifier':>14}: x{sparse_text['targets'][0]['ratio']:.2f}")
     finally:
@@ -220,7 +218,6 @@ def run(quick: bool, sparse_text_only: bool = False) -> dict[str, Any]:
         "machine": common.machine_info(),
         "cases": cases,
         "sparse_text": sparse_text,
-        "partial_fit_stream": streams,
     }
 
 
@@ -267,7 +264,6 @@ def markdown_lines(report: dict[str, Any]) -> list[str]:
         lines += common.markdown_table(header, tables[1], align)
     if report.get("sparse_text"):
         lines += sparse_text_lines(report["sparse_text"])
-    lines += stream_lines(report["partial_fit_stream"]) if report.get("partial_fit_stream") else []
     lines += ["", f"Load average (1 min) around each case: {common.load_text(report['cases'])}"]
     return lines
 
