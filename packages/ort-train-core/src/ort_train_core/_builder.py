@@ -43,7 +43,28 @@ def unique_name(hint: str, taken: set[str], next_suffix: dict[str, int] | None =
 
 
 class NodeBuilder:
-    """Collects nodes; every name it makes is unique among ``taken`` and its own names."""
+    """Collects ONNX nodes with unique output names: what a learning rate's
+    :meth:`~ort_train_core.BaseLearningRate.update_nodes` writes its update with.
+
+    Every name it makes is unique among ``taken`` and its own names.
+
+    Parameters
+    ----------
+    elem_type : int
+        The graph's float type (an ``onnx.TensorProto`` code): :meth:`const` and :meth:`cast`
+        use it.
+    opset : int
+        The default domain's opset (chooses how :meth:`reduce` passes its axes).
+    taken : iterable of str, default=()
+        Names already used in the graph.
+    prefix : str, default=""
+        Prepended to every name made.
+
+    Attributes
+    ----------
+    nodes : list of onnx.NodeProto
+        The nodes made so far, in order.
+    """
 
     def __init__(self, elem_type: int, opset: int, taken: Iterable[str] = (), prefix: str = "") -> None:
         self.elem_type = elem_type
@@ -55,9 +76,12 @@ class NodeBuilder:
         self._next_suffix: dict[str, int] = {}
 
     def name(self, hint: str) -> str:
+        """A fresh name from ``hint`` (prefixed, suffixed with a number when taken)."""
         return unique_name(f"{self._prefix}{hint}", self._taken, self._next_suffix)
 
     def op(self, op_type: str, inputs: Sequence[str], hint: str | None = None, **attrs: Any) -> str:
+        """Adds a default-domain node ``op_type(*inputs, **attrs)``; returns its output's name
+        (made from ``hint``)."""
         out = self.name(hint or op_type.lower())
         self.nodes.append(
             helper.make_node(op_type, list(inputs), [out], name=self.name(f"n_{op_type}"), **attrs)
@@ -86,6 +110,7 @@ class NodeBuilder:
         return out
 
     def int_const(self, values: Sequence[int], hint: str = "axes") -> str:
+        """A Constant int64 vector (axes, shapes)."""
         return self.const(np.array(values, dtype=np.int64), hint, dtype=np.int64)
 
     def reduce(
@@ -105,9 +130,11 @@ class NodeBuilder:
         return self.op(op_type, [x], hint, keepdims=keepdims, axes=list(axes))
 
     def sum_all(self, x: str, hint: str | None = None) -> str:
+        """The 0-d sum of every element of ``x``."""
         return self.reduce("ReduceSum", x, None, 0, hint)
 
     def cast(self, x: str, to: int | None = None, hint: str | None = None) -> str:
+        """``x`` cast to ``to`` (an ``onnx.TensorProto`` code), the graph's float type by default."""
         return self.op("Cast", [x], hint, to=self.elem_type if to is None else to)
 
 

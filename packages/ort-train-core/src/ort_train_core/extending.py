@@ -17,6 +17,8 @@ torch adapters use, public and documented, so that no adapter imports a private 
   model's values) and :data:`MAX_CACHED_MODEL_BYTES` (larger models are not cached).
 * DLPack: :data:`DLPACK_BOOL_AS_UINT8`, whether a bool tensor crosses into onnxruntime as
   uint8 (flagged for :func:`~ort_train_core.ortvalue_from_dlpack`) or as it is.
+* Learning rates: :class:`NodeBuilder`, what a subclass's
+  :meth:`~ort_train_core.BaseLearningRate.update_nodes` writes its update nodes with.
 * Gradient backends: :data:`BACKENDS`, the names a ``backend=`` parameter accepts (besides
   None, the default), for an adapter's own validation.
 * Metadata: :data:`EPOCH_LOSS_WEIGHTS`, the loss graph's key saying how the trainers weigh each
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 from ._backends import BACKENDS
 from ._binding import DLPACK_BOOL_AS_UINT8, count_weight_values, cpu_threads
+from ._builder import NodeBuilder
 from ._cache import (
     MAX_CACHED_MODEL_BYTES,
     LRUCache,
@@ -60,6 +63,7 @@ __all__ = [
     "MAX_CACHED_MODEL_BYTES",
     "Device",
     "LRUCache",
+    "NodeBuilder",
     "PaddedRows",
     "check_features",
     "check_sparse_structure",

@@ -13,7 +13,7 @@ from sklearn.utils.validation import check_is_fitted
 from ort_train_core import LearningRateSGD
 
 if TYPE_CHECKING:  # the builder core's learning rates write their nodes with
-    from ort_train_core._builder import NodeBuilder
+    from ort_train_core.extending import NodeBuilder
 
 
 class LearningRateSGDTruncatedL1(LearningRateSGD):
