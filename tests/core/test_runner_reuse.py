@@ -14,7 +14,12 @@ import numpy as np
 import pytest
 from core_models import build_linear, initializers, linear_sgd_reference
 
-from ort_train_core import OrtGradientForwardBackwardOptimizer, OrtGradientOptimizer, add_loss_output
+from ort_train_core import (
+    OrtGradientForwardBackwardOptimizer,
+    OrtGradientOptimizer,
+    _fit_loop,
+    add_loss_output,
+)
 from ort_train_core._fit_loop import BaseOrtTrainer
 
 ETA = 0.05
@@ -112,3 +117,24 @@ def test_a_set_state_other_rows_a_pickle_or_unshuffled_data_build_new_runners(
         unshuffled.fit(X, y)
     assert len(runners) == 7
     _assert_numpy(unshuffled, _numpy_stream(start, chunks[:3], False, {}))
+
+
+@pytest.mark.parametrize("loop", ["full", "partial"])
+def test_a_fit_resolves_its_backend_once(loop: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The graphs' record asks for the backend at each look-up: a fit resolves it (and
+    $ORT_TRAIN_BACKEND) once, then every look-up of that fit gets the same one."""
+    trainer = _trainer(loop)
+    X, y = _chunks([24])[0]
+    trainer.fit(X, y)
+    calls: list[Any] = []
+    original = _fit_loop.get_backend
+
+    def counting(name: Any = None) -> Any:
+        calls.append(name)
+        return original(name)
+
+    monkeypatch.setattr(_fit_loop, "get_backend", counting)
+    trainer.fit(X, y)
+    assert len(calls) == 1
+    assert trainer._backend() is original(None)  # outside a fit: looked up again
+    assert len(calls) == 2

@@ -334,8 +334,24 @@ class BaseOrtTrainer(ParamsMixin):
 
     def _backend(self) -> GradientBackend:
         """The gradient backend the ``backend`` setting names (None: the default; also for a
-        trainer pickled before the setting existed); an unknown name raises ValueError."""
-        return get_backend(getattr(self, "backend", None))
+        trainer pickled before the setting existed); an unknown name raises ValueError. During a
+        fit, the one it found at its start (:meth:`_one_backend`)."""
+        found: GradientBackend | None = self.__dict__.get("_fit_backend")
+        if found is None:
+            found = get_backend(getattr(self, "backend", None))
+            if "_fit_backend" in self.__dict__:  # in a fit: kept for its other look-ups
+                self.__dict__["_fit_backend"] = found
+        return found
+
+    @contextlib.contextmanager
+    def _one_backend(self) -> Iterator[None]:
+        """A fit resolves its backend (and ``$ORT_TRAIN_BACKEND``) once, at its first look-up:
+        the graphs' record asks at each of its own, 10 us each, half a dozen times a fit."""
+        self.__dict__["_fit_backend"] = None
+        try:
+            yield
+        finally:
+            self.__dict__.pop("_fit_backend", None)
 
     def _checkpoint_path(self) -> str | None:
         """``checkpoint_dir/checkpoint.npz``, or None without checkpoint_dir (validates both
@@ -414,7 +430,7 @@ class BaseOrtTrainer(ParamsMixin):
         ValueError, TypeError
             Invalid parameters or data.
         """
-        with exclusive_fit(self, "fit"):
+        with exclusive_fit(self, "fit"), self._one_backend():
             return self._fit(X, y, sample_weight, X_val, y_val, sample_weight_val, resume=False)
 
     def resume(
@@ -462,7 +478,7 @@ class BaseOrtTrainer(ParamsMixin):
         """
         if self._checkpoint_path() is None:
             raise ValueError("resume reads checkpoint_dir/checkpoint.npz: set checkpoint_dir")
-        with exclusive_fit(self, "resume"):
+        with exclusive_fit(self, "resume"), self._one_backend():
             return self._fit(X, y, sample_weight, X_val, y_val, sample_weight_val, resume=True)
 
     def prepare(
@@ -1046,6 +1062,7 @@ class BaseOrtTrainer(ParamsMixin):
         state.pop("_graph_record", None)  # sessions and graphs are rebuilt lazily
         state.pop("_graph_seen", None)
         state.pop("_kept_runner", None)
+        state.pop("_fit_backend", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
