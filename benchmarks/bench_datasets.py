@@ -26,6 +26,7 @@ architecture it has fitted: no graph, no session built), whose score must equal 
 The backend is the default one (``ORT_TRAIN_BACKEND``), named in the report.
 
 Sparse text case (``--sparse-text-only``): SGD classifiers on tf-idf-like CSR 20 000 x 50 000.
+partial_fit stream: 100 calls of 200 and 1000 rows (--quick: 200) through the SGD drop-ins.
 
 Run: ``python benchmarks/bench_datasets.py [--quick] [--out benchmarks/results]``; it writes
 ``<host>-<date>-datasets-<backend>[-quick].{json,md}``; ``bench_sklearn.py`` runs it too.
@@ -205,6 +206,9 @@ def run(quick: bool, sparse_text_only: bool = False) -> dict[str, Any]:
                     case["series"] = "size"
                     print(f"{name:>30} {estimator:>14}: time x{case['time_ratio']:.2f}", flush=True)
                     cases.append(case)
+            stream_cases = STREAM_CASES[: 0 if sparse_text_only else 4 - 2 * quick]
+            streams = [run_stream(*c, seeds) for c in stream_cases]
+            print(*(f"{c['name']:>44}: x{c['targets'][0]['ratio']:.2f}" for c in streams), sep="\n")
             sparse_text = run_sparse_text(seeds)
             print(f"{'sparse text':>30} {'SGDClassifier':>14}: x{sparse_text['targets'][0]['ratio']:.2f}")
     finally:
@@ -218,6 +222,7 @@ def run(quick: bool, sparse_text_only: bool = False) -> dict[str, Any]:
         "machine": common.machine_info(),
         "cases": cases,
         "sparse_text": sparse_text,
+        "partial_fit_stream": streams,
     }
 
 
@@ -264,6 +269,7 @@ def markdown_lines(report: dict[str, Any]) -> list[str]:
         lines += common.markdown_table(header, tables[1], align)
     if report.get("sparse_text"):
         lines += sparse_text_lines(report["sparse_text"])
+    lines += stream_lines(report["partial_fit_stream"]) if report.get("partial_fit_stream") else []
     lines += ["", f"Load average (1 min) around each case: {common.load_text(report['cases'])}"]
     return lines
 
@@ -358,6 +364,50 @@ def sparse_text_lines(case: dict[str, Any]) -> list[str]:
         f"Extra memory: {common.RssSampler().method}; predict: {case['predict']} sparse rows, best of 5.\n",
         *common.markdown_table(["estimator", "fit ms", "n_iter_", "accuracy", "MiB", "predict ms"], rows),
         *["", *common.targets_table(case["targets"])],
+    ]
+
+
+# ---- the partial_fit stream (issue 30 item 9): ms a call, ours / scikit-learn's in the same run
+#: (dataset, task, rows a call; 3/4 of the rows are trained on): STREAM_CALLS calls; --quick: two
+STREAM_CASES = [
+    (f"{kind}_{rows * 400 // 3 + 1}_{n}", task, rows)
+    for rows in (200, 1000)
+    for kind, task, n in (("make_classification", "classification", 50), ("friedman1", "regression", 20))
+]
+STREAM_CALLS, STREAM_TARGET = 100, 2.0
+
+
+def run_stream(name: str, task: str, rows: int, seeds: tuple[int, ...]) -> dict[str, Any]:
+    """Per seed, ours' then scikit-learn's calls (classes at each): CPU ms a call after the first
+    (which builds the graphs), the first's, the test score."""
+    makes = estimators(task)["SGDClassifier" if task == "classification" else "SGDRegressor"]
+    (X, y), runs = load(name), list[dict[str, list[float]]]()
+    for seed in seeds:
+        X_train, X_test, y_train, y_test = split(X, y, task, seed)
+        extra, runs = ({"classes": np.unique(y)} if task == "classification" else {}), [*runs, {}]
+        for who, make in zip(("ours", "sklearn"), makes):
+            est, times = make(random_state=seed), []
+            for part in (slice(i * rows, (i + 1) * rows) for i in range(STREAM_CALLS)):
+                start = time.process_time()
+                est.partial_fit(X_train[part], y_train[part], **extra)
+                times.append(1e3 * (time.process_time() - start))
+            runs[-1][who] = [float(np.mean(times[1:])), times[0], float(est.score(X_test, y_test))]
+    ratio, case = sum(r["ours"][0] for r in runs) / sum(r["sklearn"][0] for r in runs), f"{name} x{rows}"
+    target = {"target": "partial_fit", "case": case, "ratio": ratio, "op": "<=", "bound": STREAM_TARGET}
+    return {"name": case, "runs": runs, "targets": [{**target, "pass": ratio <= STREAM_TARGET}]}
+
+
+def stream_lines(cases: list[dict[str, Any]]) -> list[str]:
+    """The stream table (means over the seeds) and its targets."""
+
+    def both(c: dict[str, Any], k: int) -> str:  # ours / scikit-learn's mean over the seeds
+        return " / ".join(f"{np.mean([r[who][k] for r in c['runs']]):.3g}" for who in ("ours", "sklearn"))
+
+    rows = [[c["name"], *(both(c, k) for k in range(3))] for c in cases]
+    return [
+        f"\n### partial_fit: {STREAM_CALLS} calls a stream, the SGD drop-ins (one thread, CPU time)\n",
+        *common.markdown_table(["case", "ms a call: ours / sklearn", "first call ms", "test score"], rows),
+        *["", *common.targets_table([t for c in cases for t in c["targets"]])],
     ]
 
 
