@@ -105,16 +105,20 @@ def test_padded_defaults_reach_scikit_learns_accuracy() -> None:
     assert ours.score(X[1500:], labels[1500:]) >= ref.score(X[1500:], labels[1500:]) - 0.03
 
 
+@pytest.mark.parametrize("chunk", [5, 70])
 @pytest.mark.parametrize("n_classes", [0, 2, 3])
-def test_padded_predictions_equal_dense_ones(monkeypatch: pytest.MonkeyPatch, n_classes: int) -> None:
-    """Predictions on the sparse matrix run the padded-row graph in chunks (here of 5 rows):
-    they equal the dense array's, and scikit-learn's decision values from coef_."""
+def test_sparse_predictions_equal_dense_ones(
+    monkeypatch: pytest.MonkeyPatch, n_classes: int, chunk: int
+) -> None:
+    """Predictions on the sparse matrix run the padded-row graph in chunks of about ``chunk``
+    slots (5: one row a chunk): they equal the dense array's, and the decision values from
+    coef_ in float64."""
     X, y = _wide()
     target = _labels(y, n_classes) if n_classes else y
     est = _fit(
         lambda: (OrtSGDClassifier if n_classes else OrtSGDRegressor)(random_state=0, max_iter=3), X, target
     )
-    monkeypatch.setattr(base, "PREDICT_CHUNK_VALUES", 5 * 14)
+    monkeypatch.setattr(base, "PREDICT_CHUNK_VALUES", chunk)
     est._sessions = {}
     dense = X.toarray()
     if n_classes:
