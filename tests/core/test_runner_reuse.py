@@ -17,6 +17,7 @@ from core_models import build_linear, initializers, linear_sgd_reference
 from ort_train_core import (
     OrtGradientForwardBackwardOptimizer,
     OrtGradientOptimizer,
+    _backends,
     _fit_loop,
     add_loss_output,
 )
@@ -127,7 +128,7 @@ def test_a_fit_resolves_its_backend_once(loop: str, monkeypatch: pytest.MonkeyPa
     X, y = _chunks([24])[0]
     trainer.fit(X, y)
     calls: list[Any] = []
-    original = _fit_loop.get_backend
+    original = _backends.get_backend
 
     def counting(name: Any = None) -> Any:
         calls.append(name)
