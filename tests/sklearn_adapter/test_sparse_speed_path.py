@@ -168,3 +168,18 @@ def test_pickled_padded_estimator_predicts() -> None:
     est = _fit(lambda: OrtSGDRegressor(random_state=0, max_iter=3), X, y)
     expected = est.predict(X)
     np.testing.assert_allclose(pickle.loads(pickle.dumps(est)).predict(X), expected, rtol=1e-6)
+
+
+def test_padded_fit_resumes_from_its_checkpoint(tmp_path: Any) -> None:
+    """Three epochs checkpointed, then resume() to six: the weights of an uninterrupted six-epoch
+    fit; other rows are refused (the checkpoint's fingerprint is the CSR matrix's)."""
+    X, y = _wide()
+    labels = _labels(y, 2)
+    params: dict[str, Any] = dict(random_state=0, tol=None)
+    full = _fit(lambda: OrtSGDClassifier(max_iter=6, **params), X, labels)
+    _fit(lambda: OrtSGDClassifier(max_iter=3, checkpoint_dir=str(tmp_path), **params), X, labels)
+    resumed = OrtSGDClassifier(max_iter=6, checkpoint_dir=str(tmp_path), **params).resume(X, labels)
+    assert resumed._trains_padded
+    np.testing.assert_array_equal(resumed.coef_, full.coef_)
+    with pytest.raises(ValueError, match="other data"):
+        OrtSGDClassifier(max_iter=6, checkpoint_dir=str(tmp_path), **params).resume(X[:100], labels[:100])
