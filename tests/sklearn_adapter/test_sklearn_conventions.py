@@ -81,6 +81,21 @@ def test_onnx_regressor_takes_y_of_the_graphs_column_shape() -> None:
 
 
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_onnx_regressor_fine_tunes_a_multi_output_mlp_regressor() -> None:
+    # skl2onnx ends a 3-target MLPRegressor with Reshape(., [-1, 1]): its graph gives 3N rows
+    # of one value, and y of shape (N, 3) was refused ("the model's label expects (n, 1)")
+    rng = np.random.RandomState(0)
+    X = rng.randn(120, 5)
+    Y = X @ rng.randn(5, 3)
+    mlp = MLPRegressor(hidden_layer_sizes=(8,), max_iter=30, random_state=0).fit(X, Y)
+    still = OnnxModelRegressor(mlp, max_iter=1, learning_rate_init=1e-12, shuffle=False).fit(X, Y)
+    assert still.predict(X).shape == mlp.predict(X).shape == (120, 3)
+    np.testing.assert_allclose(still.predict(X), mlp.predict(X), rtol=1e-4, atol=1e-5)
+    tuned = OnnxModelRegressor(mlp, max_iter=30, random_state=0).fit(X, Y)
+    assert tuned.score(X, Y) > mlp.score(X, Y)
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
 def test_onnx_regressor_warns_for_a_column_y_of_a_flat_graph() -> None:
     # a graph predicting [N] keeps scikit-learn's warning for a column y, as MLPRegressor's
     rng = np.random.RandomState(0)

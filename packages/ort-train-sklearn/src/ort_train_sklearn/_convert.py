@@ -320,8 +320,22 @@ def _from_estimator(est: Any, X_sample: Any) -> TrainableGraph:
         from skl2onnx.common.data_types import FloatTensorType
 
         onx = to_onnx(est, initial_types=[(INPUT_NAME, FloatTensorType([None, n_features]))], **kwargs)
+    if kind == "regressor" and int(getattr(final, "n_outputs_", 1)) > 1:
+        _keep_rows(onx, int(final.n_outputs_))
     classes = np.asarray(final.classes_) if kind == "classifier" else None
     return _from_onnx(onx, sample, classes=classes, expected_kind=kind)
+
+
+def _keep_rows(onx: ModelProto, n_outputs: int) -> None:
+    """skl2onnx ends a multi-output MLPRegressor with ``Reshape(., [-1, 1])``, which stacks the
+    targets of all rows into one column ([4, 3] -> [12, 1]): the reshape keeps the rows instead."""
+    out = onx.graph.output[0].name
+    last = [n for n in onx.graph.node if out in n.output]
+    if not last or last[0].op_type != "Reshape":
+        return
+    for init in onx.graph.initializer:
+        if init.name == last[0].input[1] and numpy_helper.to_array(init).tolist() == [-1, 1]:
+            init.CopyFrom(numpy_helper.from_array(np.array([-1, n_outputs], dtype=np.int64), init.name))
 
 
 def _as_sample(X_sample: Any, n_features: int | None) -> np.ndarray:
@@ -1020,8 +1034,13 @@ def _finalise(model: ModelProto) -> None:
 
 
 def _infer_output_dims(model: ModelProto) -> int | None:
+    """The output's width from the graph's shapes, not from its declaration: skl2onnx declares
+    ``[None, 1]`` for a multi-output MLPRegressor whose graph gives ``[N, 3]``."""
+    undeclared = ModelProto()
+    undeclared.CopyFrom(model)
+    undeclared.graph.output[0].type.tensor_type.ClearField("shape")
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        inferred = onnx.shape_inference.infer_shapes(undeclared, strict_mode=False)
     except Exception:
         return None
     name = model.graph.output[0].name
