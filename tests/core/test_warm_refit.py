@@ -14,6 +14,7 @@ import pytest
 from core_models import build_linear, build_mlp, initializers, linear_sgd_reference, mlp_forward
 
 from backend_support import AVAILABLE, each_backend, training_build_only  # noqa: F401  (the backend fixture)
+from call_counts import count_calls
 from ort_train_core import (
     OrtGradientForwardBackwardOptimizer,
     OrtGradientOptimizer,
@@ -49,23 +50,14 @@ def builds(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
     _empty_caches(monkeypatch)
     counts: collections.Counter[str] = collections.Counter()
 
-    def counting(owner: Any, name: str) -> None:
-        original = getattr(owner, name)
-
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            counts[name] += 1
-            return original(*args, **kwargs)
-
-        monkeypatch.setattr(owner, name, wrapper)
-
-    counting(_loss_trainer.LossGraphTrainer, "_new_fit_graphs")
-    counting(_binding, "_new_session")
-    counting(partial, "build_loss_gradient_graph")
-    counting(partial, "build_update_graph")
+    count_calls(monkeypatch, counts, _loss_trainer.LossGraphTrainer, "_new_fit_graphs")
+    count_calls(monkeypatch, counts, _binding, "_new_session")
+    count_calls(monkeypatch, counts, partial, "build_loss_gradient_graph")
+    count_calls(monkeypatch, counts, partial, "build_update_graph")
     for name in AVAILABLE:
         cls = type(get_backend(name))
-        counting(cls, "fused_step")
-        counting(cls, "forward_backward")
+        count_calls(monkeypatch, counts, cls, "fused_step")
+        count_calls(monkeypatch, counts, cls, "forward_backward")
     return counts
 
 

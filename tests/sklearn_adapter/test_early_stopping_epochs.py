@@ -28,30 +28,30 @@ def _diabetes() -> tuple[np.ndarray, np.ndarray]:
     return StandardScaler().fit_transform(X), (y - y.mean()) / y.std()
 
 
+def _assert_same_epochs(
+    theirs: type, ours: type, X: np.ndarray, y: np.ndarray, ours_only: dict[str, object], **params: object
+) -> None:
+    for seed in (0, 1, 2):
+        fitted = dict(early_stopping=True, random_state=seed, shuffle=False, **params)
+        expected = theirs(**fitted).fit(X, y).n_iter_
+        assert ours(**fitted, **ours_only).fit(X, y).n_iter_ == expected, seed
+
+
+#: scikit-learn's SGD steps are per sample
+PER_SAMPLE = {"batch_size": 1}
+
+
 @pytest.mark.parametrize("penalty", [None, "l1"])
 @pytest.mark.parametrize("data", [_breast_cancer, _two_classes])
 def test_sgd_classifier_stops_at_scikit_learns_epoch(data, penalty):
-    X, y = data()
-    for seed in (0, 1, 2):
-        params = dict(early_stopping=True, random_state=seed, shuffle=False, penalty=penalty)
-        theirs = SGDClassifier(**params).fit(X, y)
-        ours = OrtSGDClassifier(batch_size=1, **params).fit(X, y)
-        assert ours.n_iter_ == theirs.n_iter_, seed
+    _assert_same_epochs(SGDClassifier, OrtSGDClassifier, *data(), PER_SAMPLE, penalty=penalty)
 
 
 def test_sgd_regressor_stops_at_scikit_learns_epoch():
-    X, y = _diabetes()
-    for seed in (0, 1, 2):
-        params = dict(early_stopping=True, random_state=seed, shuffle=False, penalty=None)
-        theirs = SGDRegressor(**params).fit(X, y)
-        ours = OrtSGDRegressor(batch_size=1, **params).fit(X, y)
-        assert ours.n_iter_ == theirs.n_iter_, seed
+    _assert_same_epochs(SGDRegressor, OrtSGDRegressor, *_diabetes(), PER_SAMPLE, penalty=None)
 
 
 def test_mlp_classifier_stops_at_scikit_learns_epoch():
-    X, y = _breast_cancer()
-    for seed in (0, 1, 2):
-        params = dict(early_stopping=True, random_state=seed, shuffle=False, hidden_layer_sizes=(20,))
-        theirs = MLPClassifier(max_iter=300, **params).fit(X, y)
-        ours = OrtMLPClassifier(max_iter=300, **params).fit(X, y)
-        assert ours.n_iter_ == theirs.n_iter_, seed
+    _assert_same_epochs(
+        MLPClassifier, OrtMLPClassifier, *_breast_cancer(), {}, max_iter=300, hidden_layer_sizes=(20,)
+    )

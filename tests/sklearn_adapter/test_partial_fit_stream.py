@@ -14,6 +14,7 @@ from sklearn.datasets import make_classification, make_regression
 from sklearn.preprocessing import scale
 from sklearn.utils._param_validation import InvalidParameterError
 
+from call_counts import count_calls
 from ort_train_core import _binding, _fit_loop
 from ort_train_sklearn import OrtSGDClassifier, OrtSGDRegressor, _base
 
@@ -25,18 +26,9 @@ def builds(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
     """Counts of trainer, runner and onnxruntime session builds."""
     counts: collections.Counter[str] = collections.Counter()
 
-    def counting(owner: Any, name: str) -> None:
-        original = getattr(owner, name)
-
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            counts[name] += 1
-            return original(*args, **kwargs)
-
-        monkeypatch.setattr(owner, name, wrapper)
-
-    counting(_base.OrtEstimatorMixin, "_make_trainer")
-    counting(_fit_loop.BaseOrtTrainer, "_new_runner")
-    counting(_binding, "_new_session")
+    count_calls(monkeypatch, counts, _base.OrtEstimatorMixin, "_make_trainer")
+    count_calls(monkeypatch, counts, _fit_loop.BaseOrtTrainer, "_new_runner")
+    count_calls(monkeypatch, counts, _binding, "_new_session")
     return counts
 
 

@@ -15,6 +15,7 @@ from sklearn.datasets import make_classification, make_regression
 from sklearn.linear_model import SGDRegressor
 
 from backend_support import AVAILABLE, each_backend  # noqa: F401  (the backend fixture)
+from call_counts import count_calls
 from ort_train_core import _binding, _loss_trainer, optimizer, partial
 from ort_train_core._backends import get_backend
 from ort_train_core._cache import LRUCache
@@ -47,23 +48,14 @@ def builds(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
     _empty_caches(monkeypatch)
     counts: collections.Counter[str] = collections.Counter()
 
-    def counting(owner: Any, name: str) -> None:
-        original = getattr(owner, name)
-
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            counts[name] += 1
-            return original(*args, **kwargs)
-
-        monkeypatch.setattr(owner, name, wrapper)
-
-    counting(_base, "add_loss_output")
-    counting(_loss_trainer.LossGraphTrainer, "_new_fit_graphs")
-    counting(_binding, "_new_session")
-    counting(partial, "build_loss_gradient_graph")
-    counting(partial, "build_update_graph")
+    count_calls(monkeypatch, counts, _base, "add_loss_output")
+    count_calls(monkeypatch, counts, _loss_trainer.LossGraphTrainer, "_new_fit_graphs")
+    count_calls(monkeypatch, counts, _binding, "_new_session")
+    count_calls(monkeypatch, counts, partial, "build_loss_gradient_graph")
+    count_calls(monkeypatch, counts, partial, "build_update_graph")
     for name in AVAILABLE:
-        counting(type(get_backend(name)), "fused_step")
-        counting(type(get_backend(name)), "forward_backward")
+        count_calls(monkeypatch, counts, type(get_backend(name)), "fused_step")
+        count_calls(monkeypatch, counts, type(get_backend(name)), "forward_backward")
     return counts
 
 
