@@ -488,12 +488,15 @@ def check_training_batches(
         When some batch would normalise a single value per channel, with the batch sizes
         that fix it.
     """
-    if not features or not training_batch_norms(model, statistics):
+    if not features:
         return
     n_rows = int(next(iter(features.values())).shape[0])
     # a batch of 2 rows or more gives every node at least 2 values per channel (its input keeps
     # the batch's rows first, as torch's BatchNorm layers see them): only a 1-row batch is checked
+    # (tested before the scan of the graph's nodes, which took 15 us of each partial_fit call)
     if min(batch_size, n_rows) != 1 and n_rows % batch_size != 1:
+        return
+    if not training_batch_norms(model, statistics):
         return
     from ._data import dense_rows
 

@@ -250,8 +250,10 @@ class BaseOrtTrainer(ParamsMixin):
         (kept alive beside it, so its id stays its own), the arrays' shapes and types, the unit
         weights, and the settings of the steps and batches."""
         arrays = tuple(None if a is None else (a.shape, a.dtype, is_sparse(a)) for a in data)
-        # the record's parameters name the backend: a change of backend is a change of record
-        settings = (str(device), repr(lr), self.batch_size, bool(self.shuffle), self._threads())
+        # the record's parameters name the backend: a change of backend is a change of record;
+        # _start_or_continue has just recorded repr(lr) (a repr of every parameter: 10 us)
+        signature = self.__dict__.get("_lr_signature") or repr(lr)
+        settings = (str(device), signature, self.batch_size, bool(self.shuffle), self._threads())
         return id(self.__dict__.get("_graph_record")), arrays, sample_weight is None, settings
 
     def _runner_for(
@@ -1063,6 +1065,7 @@ class BaseOrtTrainer(ParamsMixin):
         state.pop("_graph_seen", None)
         state.pop("_kept_runner", None)
         state.pop("_fit_backend", None)
+        state.pop("_weighted_by", None)  # the loss graph's reading, made again from the record
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

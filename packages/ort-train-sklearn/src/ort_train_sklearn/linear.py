@@ -276,7 +276,8 @@ class _OrtSGDBase(SparseCoefMixin, PaddedRowsMixin, OrtEstimatorMixin):
         if self._averaging():
             weights = {**weights, **(self._average_weights or {})}
         coef = weights[coef_name].T
-        intercept = weights.get(intercept_name, self._raw_intercept())
+        # the graph's intercept is read only where it is not trained (fit_intercept=False)
+        intercept = weights[intercept_name] if intercept_name in weights else self._raw_intercept()
         self._store_linear(coef, intercept)
 
     def _raw_intercept(self) -> np.ndarray:
