@@ -5,26 +5,15 @@ the calls that skip the reads are checked against a per-sample numpy SGD)."""
 
 from __future__ import annotations
 
-from typing import Any
+import collections
 
 import numpy as np
 import pytest
 
 import ort_train_core._batchnorm as batchnorm
 import ort_train_core._loss_trainer as loss_trainer
+from call_counts import count_calls
 from ort_train_sklearn import OrtSGDRegressor
-
-
-def _counting(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[int]:
-    calls = [0]
-    original = getattr(module, name)
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls[0] += 1
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(module, name, counted)
-    return calls
 
 
 def _numpy_sgd(
@@ -52,13 +41,14 @@ def test_a_continuing_partial_fit_reads_no_graph_metadata_nor_batchnorm_nodes(
     )
     for X, y in chunks[:2]:
         est.partial_fit(X, y)
-    metadata = _counting(monkeypatch, loss_trainer, "get_metadata")
-    nodes = _counting(monkeypatch, batchnorm, "training_batch_norms")
+    counts: collections.Counter[str] = collections.Counter()
+    count_calls(monkeypatch, counts, loss_trainer, "get_metadata")
+    count_calls(monkeypatch, counts, batchnorm, "training_batch_norms")
     for X, y in chunks[2:]:
         est.partial_fit(X, y)
     # before: two metadata reads (the epoch loss's weighting) and a scan of the graph's nodes
     # for training-mode BatchNormalization (needed only where a batch has 1 row) at every call
-    assert (metadata[0], nodes[0]) == (0, 0)
+    assert (counts["get_metadata"], counts["training_batch_norms"]) == (0, 0)
     w, b = _numpy_sgd(chunks, 0.01, 4)
     np.testing.assert_allclose(est.coef_, w, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(est.intercept_, [b], rtol=1e-4, atol=1e-5)
