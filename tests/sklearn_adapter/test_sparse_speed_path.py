@@ -61,10 +61,11 @@ def test_padded_fit_equals_dense_fit(
     backend: str, estimator: Any, params: dict[str, Any], n_classes: int
 ) -> None:
     """Shuffled batches, every step on the padded rows: the coefficients, loss curve and
-    validation scores of the dense array's fit (to float32 rounding of other sums)."""
+    validation scores of the dense array's fit (to float32 rounding of other sums). Without an
+    intercept: on sparse X its steps are damped, as scikit-learn's (test below)."""
     X, y = _wide()
     target = _labels(y, n_classes) if n_classes else y
-    kwargs = dict(random_state=0, max_iter=5, backend=backend, **params)
+    kwargs = dict(random_state=0, max_iter=5, backend=backend, fit_intercept=False, **params)
     sparse = _fit(lambda: estimator(**kwargs), X, target)
     dense = _fit(lambda: estimator(**kwargs), X.toarray(), target)
     assert sparse._trains_padded
@@ -83,15 +84,16 @@ def test_padded_fit_equals_dense_fit(
 )
 def test_padded_steps_as_scikit_learn(backend: str, ours: Any, theirs: Any, n_classes: int) -> None:
     """One row per step in order, constant rate, l2: scikit-learn's sparse SGD gives the same
-    coefficients (without an intercept, which scikit-learn damps on sparse X)."""
+    coefficients and intercept, whose steps it damps by 0.01 on sparse X."""
     X, y = _wide(n=120)
     target = _labels(y, n_classes) if n_classes else y
     params: dict[str, Any] = dict(learning_rate="constant", eta0=0.01, max_iter=3, tol=None, shuffle=False)
-    params.update(alpha=0.01, fit_intercept=False)
+    params.update(alpha=0.01)
     got = _fit(lambda: ours(batch_size=1, backend=backend, **params), X, target)
     ref = _fit(lambda: theirs(**params), X, target)
     assert got._trains_padded
     np.testing.assert_allclose(got.coef_, ref.coef_, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(got.intercept_, ref.intercept_, rtol=1e-4, atol=1e-7)
 
 
 def test_padded_defaults_reach_scikit_learns_accuracy() -> None:
@@ -138,10 +140,11 @@ def test_sparse_predictions_equal_dense_ones(
 
 def test_long_rows_take_the_densifying_path() -> None:
     """Rows of more than n_features / PADDED_SLOT_COST stored values train faster densified: a
-    12-column matrix of 4-value rows does, and still equals the dense fit."""
+    12-column matrix of 4-value rows does, and still equals the dense fit (without the intercept,
+    damped on sparse X)."""
     X, y = _wide(n=120, d=12, density=0.3)
-    sparse = _fit(lambda: OrtSGDRegressor(random_state=0, max_iter=3), X, y)
-    dense = _fit(lambda: OrtSGDRegressor(random_state=0, max_iter=3), X.toarray(), y)
+    sparse = _fit(lambda: OrtSGDRegressor(random_state=0, max_iter=3, fit_intercept=False), X, y)
+    dense = _fit(lambda: OrtSGDRegressor(random_state=0, max_iter=3, fit_intercept=False), X.toarray(), y)
     assert not sparse._trains_padded
     np.testing.assert_allclose(sparse.coef_, dense.coef_, rtol=1e-6)
 
@@ -149,11 +152,12 @@ def test_long_rows_take_the_densifying_path() -> None:
 def test_partial_fit_switches_between_forms() -> None:
     """A stream of sparse, dense, sparse chunks continues one optimisation, as the dense
     stream does (the trainer is rebuilt, its progress kept, at each change of form; rows in
-    order: a rebuilt trainer draws its own shuffling)."""
+    order: a rebuilt trainer draws its own shuffling; no intercept, damped on sparse X)."""
     X, y = _wide(n=300)
     labels = _labels(y, 2)
     chunks = [slice(0, 100), slice(100, 200), slice(200, 300)]
-    mixed, dense = OrtSGDClassifier(shuffle=False), OrtSGDClassifier(shuffle=False)
+    params = dict(shuffle=False, fit_intercept=False)
+    mixed, dense = OrtSGDClassifier(**params), OrtSGDClassifier(**params)
     for k, rows in enumerate(chunks):
         mixed.partial_fit(X[rows] if k != 1 else X[rows].toarray(), labels[rows], classes=[0, 1])
         dense.partial_fit(X[rows].toarray(), labels[rows], classes=[0, 1])

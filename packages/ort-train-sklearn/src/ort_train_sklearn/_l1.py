@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 import scipy.sparse as sp
 from sklearn.utils.validation import check_is_fitted
 
-from ort_train_core import LearningRateSGD
+from ._sgd_rate import LearningRateSGDIntercept
 
 if TYPE_CHECKING:  # the builder core's learning rates write their nodes with
     from ort_train_core.extending import NodeBuilder
 
 
-class LearningRateSGDTruncatedL1(LearningRateSGD):
+class LearningRateSGDTruncatedL1(LearningRateSGDIntercept):
     """Plain SGD whose L1 penalty is scikit-learn's cumulative truncated gradient.
 
     After each step, every penalised weight moves toward zero by at most ``u - q``, without
@@ -32,6 +32,8 @@ class LearningRateSGDTruncatedL1(LearningRateSGD):
     ----------
     eta0, alpha, power_t, learning_rate, per_sample
         The schedule, as :class:`~ort_train_core.LearningRateSGD`'s.
+    intercept, intercept_decay
+        The damped intercept, as :class:`LearningRateSGDIntercept`'s.
     l1 : float, default=0.0
         The coefficient of ``sum|W|`` in the objective, > 0, in the objective's scale.
     penalized : sequence of str, default=()
@@ -53,10 +55,12 @@ class LearningRateSGDTruncatedL1(LearningRateSGD):
         power_t: float = 0.25,
         learning_rate: str = "invscaling",
         per_sample: bool | str = False,
+        intercept: str | None = None,
+        intercept_decay: float = 1.0,
         l1: float = 0.0,
         penalized: Sequence[str] = (),
     ) -> None:
-        super().__init__(eta0, alpha, power_t, learning_rate, per_sample)
+        super().__init__(eta0, alpha, power_t, learning_rate, per_sample, intercept, intercept_decay)
         self.l1 = l1
         self.penalized = tuple(penalized)
 

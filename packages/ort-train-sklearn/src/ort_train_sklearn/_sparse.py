@@ -189,12 +189,19 @@ class PaddedRowsMixin(_base.OrtEstimatorMixin):
         X, y_enc, sw, n_outputs = super()._fit_arrays(X, y, sample_weight, first, classes)
         #: this fit's padded-row form, None for the dense path
         self._padded_form = padded_form(X)
+        #: whether X is sparse (scikit-learn's SGD then damps the intercept's steps)
+        self._sparse_fit = is_sparse(X)
         return X, y_enc, sw, n_outputs
 
     def _shaping_params(self) -> dict[str, Any]:
-        # a trainer of one form cannot take another's data: a change of form rebuilds it
+        # a trainer of one form cannot take another's data, nor a sparse fit's intercept
+        # steps a dense one's: a change rebuilds it
         form = getattr(self, "_padded_form", None)
-        return {**super()._shaping_params(), "_padded_index": None if form is None else form.index_dtype}
+        return {
+            **super()._shaping_params(),
+            "_padded_index": None if form is None else form.index_dtype,
+            "_sparse_fit": getattr(self, "_sparse_fit", False),
+        }
 
     def _training_form(self, X: Any, validation: Any) -> tuple[Any, Any]:
         form = getattr(self, "_padded_form", None)

@@ -21,7 +21,6 @@ from ort_train_core import (
     Callback,
     EpsilonInsensitiveLearningLoss,
     HuberLearningLoss,
-    LearningRateSGD,
 )
 from ort_train_core.graph import initializer_values, inputs_to_initializers
 from ort_train_core.losses import make_loss
@@ -30,6 +29,7 @@ from ._base import _COMMON_CONSTRAINTS, OrtClassifierMixin, OrtEstimatorMixin, O
 from ._docs import Entry, fill_doc
 from ._graphs import dense_graph, layer_names, ovr_probabilities
 from ._l1 import LearningRateSGDTruncatedL1, SparseCoefMixin
+from ._sgd_rate import SPARSE_INTERCEPT_DECAY, LearningRateSGDIntercept
 from ._sparse import PaddedRowsMixin
 
 #: batch_size='auto': about this many steps per epoch, within [AUTO_BATCH_MIN, AUTO_BATCH_MAX]
@@ -239,18 +239,21 @@ class _OrtSGDBase(SparseCoefMixin, PaddedRowsMixin, OrtEstimatorMixin):
     def _learning_rate(self, scale: float) -> BaseLearningRate:
         # scikit-learn's schedules count samples (t_ from 1): per_sample, whatever the batch;
         # our gradient is `scale` times scikit-learn's: the same step needs eta0 / scale
-        schedule = dict(
+        schedule: dict[str, Any] = dict(
             eta0=self._initial_eta() / scale,
             alpha=self.alpha * scale,
             power_t=self.power_t,
             learning_rate=self.learning_rate,
             per_sample=True,
         )
+        if self.fit_intercept and getattr(self, "_sparse_fit", False):
+            # scikit-learn damps the intercept's steps on sparse X
+            schedule.update(intercept=layer_names(1)[0][1], intercept_decay=SPARSE_INTERCEPT_DECAY)
         l1, _ = self._penalty(scale, 1.0)
         if l1:  # scikit-learn's truncated L1 step, which leaves exact zeros in coef_
             penalized = self._penalized_weights(self._raw_model)
             return LearningRateSGDTruncatedL1(**schedule, l1=l1, penalized=penalized)
-        return LearningRateSGD(**schedule)
+        return LearningRateSGDIntercept(**schedule)
 
     def _penalty(self, scale: float, batch_weight: float) -> tuple[float, float]:
         """scikit-learn adds alpha * R(w), R = ||w||^2 / 2 (l2), ||w||_1 (l1) or their mix."""
