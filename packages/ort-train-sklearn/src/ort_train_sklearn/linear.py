@@ -47,6 +47,11 @@ AUTO_BATCH_MIN = 16
 AUTO_BATCH_STEPS_L1 = 256
 AUTO_BATCH_MIN_L1 = 8
 AUTO_BATCH_MAX = 1024
+#: the same on sparse X of short rows (the padded-row path), whose steps pay passes over the whole
+#: ``coef_`` however few rows they hold: on text-like CSR 20k x 50k (density 1e-3, hinge,
+#: 'optimal', 3 seeds) batches of 800 rows took 20-23 epochs against scikit-learn's 19-21, the
+#: same test accuracy (within 0.004), and half the time of batches of 200
+AUTO_BATCH_STEPS_SPARSE = 25
 
 #: scikit-learn's SGDRegressor losses
 _REGRESSION_LOSSES = (
@@ -271,6 +276,8 @@ class _OrtSGDBase(SparseCoefMixin, PaddedRowsMixin, OrtEstimatorMixin):
             smallest = AUTO_BATCH_MIN
             if self.learning_rate == "optimal" and self._penalty(1.0, 1.0)[0]:
                 steps, smallest = AUTO_BATCH_STEPS_L1, AUTO_BATCH_MIN_L1
+            elif getattr(self, "_padded_form", None) is not None:
+                steps = min(steps, AUTO_BATCH_STEPS_SPARSE)
             return min(n_samples, AUTO_BATCH_MAX, max(smallest, n_samples // steps))
         return min(int(self.batch_size), n_samples)
 
