@@ -223,6 +223,8 @@ def _as_numeric(name: str, value: Any) -> np.ndarray:
         arr = np.asarray(value)
     except ValueError as exc:  # ragged nested lists
         raise ValueError(f"{name} is not a rectangular array of numbers: {exc}") from exc
+    if arr.dtype.kind == "f":  # real floats, the usual case: none of np.issubdtype's 3 us tests
+        return arr
     if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
         raise TypeError(f"{name} must hold numbers, got dtype {arr.dtype}; convert it with astype(float)")
     if np.issubdtype(arr.dtype, np.timedelta64):  # numpy files timedelta64 under the integers
@@ -325,7 +327,7 @@ def warn_inexact_integers(name: str, arr: np.ndarray, out: np.ndarray) -> None:
 
 
 def _check_finite(name: str, arr: np.ndarray) -> None:
-    if np.issubdtype(arr.dtype, np.floating) and not _all_finite(arr):
+    if arr.dtype.kind == "f" and not _all_finite(arr):  # kind 'f': np.floating's types
         bad = _count_non_finite(arr)
         raise ValueError(f"{name} contains {bad} NaN or infinite value(s); remove or impute them first")
 
@@ -372,7 +374,7 @@ def check_fit_arrays(
     if ya.ndim == 0 or ya.shape[0] != n:
         raise ValueError(f"{prefix}y has {ya.shape[0] if ya.ndim else 0} rows but X has {n}")
     _check_finite(f"{prefix}y", ya)
-    if np.issubdtype(spec.label_dtype, np.integer):
+    if np.dtype(spec.label_dtype).kind in "iu":  # np.integer's types of a graph (3 us less)
         yc = _check_class_indices(spec, ya, prefix)
     else:
         yc = _check_label_values(spec, ya, prefix)
@@ -476,7 +478,7 @@ def _check_input(spec: FeatureSpec, value: Any, what: str) -> np.ndarray:
                     f"{spec.describe()}; got shape {arr.shape}"
                 )
     _check_finite(what, arr)
-    if np.issubdtype(spec.dtype, np.floating):
+    if np.dtype(spec.dtype).kind == "f":  # np.floating's types, without np.issubdtype's 3 us
         return cast_checked(what, arr, spec.dtype)
     if spec.dtype == np.bool_:
         if arr.dtype != np.bool_ and not np.isin(arr, (0, 1)).all():
