@@ -26,7 +26,8 @@ architecture it has fitted: no graph, no session built), whose score must equal 
 The backend is the default one (``ORT_TRAIN_BACKEND``), named in the report.
 
 Sparse text case (``--sparse-text-only``): SGD classifiers on tf-idf-like CSR 20 000 x 50 000.
-partial_fit stream: 100 calls of 200 and 1000 rows (--quick: 200) through the SGD drop-ins.
+partial_fit stream (``--stream-only``): 100 calls of 200 and 1000 rows (--quick: 200) through
+the SGD drop-ins.
 
 Run: ``python benchmarks/bench_datasets.py [--quick] [--out benchmarks/results]``; it writes
 ``<host>-<date>-datasets-<backend>[-quick].{json,md}``; ``bench_sklearn.py`` runs it too.
@@ -175,8 +176,9 @@ def run_case(name: str, task: str, estimator: str, seeds: tuple[int, ...]) -> di
     }
 
 
-def run(quick: bool, sparse_text_only: bool = False) -> dict[str, Any]:
-    """Every case (or the sparse text case alone) under one thread; the report."""
+def run(quick: bool, sparse_text_only: bool = False, stream_only: bool = False) -> dict[str, Any]:
+    """Every case (or the sparse text case, or the partial_fit stream, alone) under one thread;
+    the report."""
     from threadpoolctl import threadpool_limits
 
     import ort_train_sklearn  # noqa: F401  (fails early, with its fix, without a runtime)
@@ -186,7 +188,7 @@ def run(quick: bool, sparse_text_only: bool = False) -> dict[str, Any]:
     cases = []
     try:
         with threadpool_limits(1):
-            for name, task in () if sparse_text_only else DATASETS:
+            for name, task in () if sparse_text_only or stream_only else DATASETS:
                 if quick and name not in QUICK_DATASETS:
                     continue
                 for estimator in estimators(task):
@@ -198,7 +200,7 @@ def run(quick: bool, sparse_text_only: bool = False) -> dict[str, Any]:
                         flush=True,
                     )
                     cases.append(case)
-            for name, task in () if quick or sparse_text_only else SIZE_SERIES:
+            for name, task in () if quick or sparse_text_only or stream_only else SIZE_SERIES:
                 for estimator in SIZE_SERIES_ESTIMATORS:
                     if estimator not in estimators(task):
                         continue
@@ -209,8 +211,9 @@ def run(quick: bool, sparse_text_only: bool = False) -> dict[str, Any]:
             stream_cases = STREAM_CASES[: 0 if sparse_text_only else 4 - 2 * quick]
             streams = [run_stream(*c, seeds) for c in stream_cases]
             print(*(f"{c['name']:>44}: x{c['targets'][0]['ratio']:.2f}" for c in streams), sep="\n")
-            sparse_text = run_sparse_text(seeds)
-            print(f"{'sparse text':>30} {'SGDClassifier':>14}: x{sparse_text['targets'][0]['ratio']:.2f}")
+            sparse_text = None if stream_only else run_sparse_text(seeds)
+            if sparse_text is not None:
+                print(f"{'sparse text':>30} {'SGDClassifier':>14}: x{sparse_text['targets'][0]['ratio']:.2f}")
     finally:
         undo()
     from ort_train_core._backends import default_backend_name
@@ -415,12 +418,18 @@ def stream_lines(cases: list[dict[str, Any]]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = common.arguments(__doc__, f"{', '.join(QUICK_DATASETS)}, one seed")
     parser.add_argument("--sparse-text-only", action="store_true", help="the sparse text case alone")
+    parser.add_argument("--stream-only", action="store_true", help="the partial_fit stream alone")
     args = parser.parse_args(argv)
-    report = run(args.quick, args.sparse_text_only)
-    lines = sparse_text_lines(report["sparse_text"]) if args.sparse_text_only else markdown_lines(report)
+    report = run(args.quick, args.sparse_text_only, args.stream_only)
+    if args.stream_only:
+        load = f"Load average (1 min) at the end: {common.loadavg()}"
+        lines = [*stream_lines(report["partial_fit_stream"]), "", load]
+    else:
+        lines = sparse_text_lines(report["sparse_text"]) if args.sparse_text_only else markdown_lines(report)
     text = "\n".join(["# Datasets", "", common.machine_line(report["machine"]), "", *lines])
     print(f"\n{text}")
-    name = f"datasets-{report['config']['backend']}{'-sparse-text' * args.sparse_text_only}"
+    only = "-sparse-text" * args.sparse_text_only + "-stream" * args.stream_only
+    name = f"datasets-{report['config']['backend']}{only}"
     common.write_report(args.out, name, args.quick, report, text + "\n")
     return 0
 
