@@ -25,13 +25,18 @@ def _densified(values: np.ndarray, columns: np.ndarray, d: int) -> np.ndarray:
     return out
 
 
+@pytest.mark.parametrize("wide", [False, True])
 @pytest.mark.parametrize("rows", [slice(None), slice(5, 17), np.array([7, 3, 49, 0, 7])])
-def test_pair_scatters_back_to_the_dense_rows(rows: slice | np.ndarray) -> None:
-    """Any rows, in any order (repeated too), and the last row (whose padding reads past the
-    data): values at their columns are scipy's rows; padding holds 0 at a valid column."""
+def test_pair_scatters_back_to_the_dense_rows(rows: slice | np.ndarray, wide: bool) -> None:
+    """Any rows, in any order (repeated too), and the last rows (whose windows would read past
+    the data); ``wide``: more slots than stored values (no window fits): values at their
+    columns are scipy's rows; padding holds 0 at a valid column."""
     X = _matrix()
-    values, columns = padded_rows(X)
-    assert values.shape == columns.shape == (50, int(np.diff(X.indptr).max()))
+    if wide:
+        X = sp.csr_matrix(X.multiply(np.arange(50)[:, None] % 20 == 7), dtype=np.float32)
+    width = X.nnz + 3 if wide else int(np.diff(X.indptr).max())
+    values, columns = padded_rows(X, width)
+    assert values.shape == columns.shape == (50, width)
     assert columns.dtype == X.indices.dtype
     assert values.dtype == np.float32
     v, c = dense_rows(values, rows), dense_rows(columns, rows)

@@ -184,7 +184,7 @@ def _index_problem(indices: np.ndarray, n: int, axis: str) -> str | None:
     return f"it holds {axis} index {bad} but it has {n} {axis}s (indices must lie in [0, {n}))"
 
 
-def sparse_as(name: str, value: Any, dtype: np.dtype) -> Any:
+def sparse_as(name: str, value: Any, dtype: np.dtype, checked: bool = False) -> Any:
     """A sparse matrix as CSR in ``dtype``, its stored values checked (numbers, finite, within
     the type's range). The caller's matrix is never modified: a CSR matrix already in ``dtype``
     is returned as it is, another gets new values sharing its index arrays.
@@ -197,19 +197,26 @@ def sparse_as(name: str, value: Any, dtype: np.dtype) -> Any:
         Any format.
     dtype : numpy.dtype
         The float type of the values.
+    checked : bool, default=False
+        Whether the caller checked the structure (:func:`check_sparse_structure`) and that the
+        values are finite numbers (scikit-learn's validation): only the cast, and its range
+        check, are left (a predict's 5 000 rows: a third of the time).
 
     Returns
     -------
     scipy.sparse CSR matrix or array
         The values in ``dtype``.
     """
-    check_sparse_structure(name, value)  # before tocsr and the batches' row indexing read it
+    if not checked:
+        check_sparse_structure(name, value)  # before tocsr and the batches' row indexing read it
     csr = value.tocsr()  # ``value`` itself when it is CSR already
     if csr is not value and value.format not in ("csc", "bsr", "coo"):
         # LIL, DOK, DIA: only their CSR form has index arrays to check (the others were above)
         check_sparse_structure(name, csr)
-    data = _as_numeric(name, csr.data)
-    _check_finite(name, data)
+    data = csr.data
+    if not checked:
+        data = _as_numeric(name, data)
+        _check_finite(name, data)
     if data.dtype == dtype:
         return csr
     return type(csr)((cast_checked(name, data, dtype), csr.indices, csr.indptr), shape=csr.shape)

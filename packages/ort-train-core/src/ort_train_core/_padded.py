@@ -4,47 +4,73 @@ O(stored values) without the whole padded form in memory."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+#: widths up to this read each row's slot mask from a table of one row per length (a gather
+#: of ``width`` bytes a row instead of a comparison per slot); wider ones compare
+MASK_TABLE_MAX_WIDTH = 512
+
+
+class _Rows(NamedTuple):
+    """Where some rows' stored values start, read through the windows (see :class:`_Slots`)."""
+
+    #: each row's first stored value, lowered to the last window for the tail rows
+    windows: np.ndarray
+    #: the rows (positions in the selection) whose window would run past the data: their
+    #: slots are taken one by one
+    tail: np.ndarray
+    #: the tail rows' slots: stored value ``start + j`` (clipped to the data when taken)
+    tail_slots: np.ndarray
+    #: True on the slots holding the row's own values (the others are zeroed in the values)
+    valid: np.ndarray
 
 
 class _Slots:
-    """Which stored value each slot of some rows reads, and which slots are padding, in
-    buffers reused from batch to batch. The batch store fills the values then the columns
-    with the same rows (two views of one order array): the second call reuses the first's
-    map when it reads the same memory, once."""
+    """Where some rows' stored values are, shared by the pair. Slot ``j`` of a row reads stored
+    value ``start + j``: the ``width`` values from ``start`` are a window of the data, so the
+    rows are a gather of whole windows from a strided view (one row copy each, instead of an
+    index per slot); beyond the row's end a window reads its neighbours' values, which the
+    values zero. The batch store fills the values then the columns with the same rows (two
+    views of one order array): the second call reuses the first's work when it reads the same
+    memory, once."""
 
-    def __init__(self, indptr: np.ndarray, width: int) -> None:
-        self.indptr = indptr
+    def __init__(self, indptr: np.ndarray, width: int, stored: int) -> None:
+        # int64 throughout: mixed types take 1.4x longer
+        self.indptr = np.asarray(indptr, dtype=np.int64)
         self.positions = np.arange(width, dtype=np.int64)
-        self._buffers: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        #: the rows whose map the buffers hold, kept alive (their memory is not reused) until
+        #: the last window's start: rows starting beyond it are the tail (-1: no window fits)
+        self.last_window = stored - width
+        self._valid_by_length = (
+            self.positions < np.arange(width + 1)[:, None] if width <= MASK_TABLE_MAX_WIDTH else None
+        )
+        #: the rows whose work the cache holds, kept alive (their memory is not reused) until
         #: the next call reuses it or computes another
-        self._pending: np.ndarray | slice | None = None
+        self._pending: tuple[np.ndarray | slice, _Rows] | None = None
 
-    def of(self, rows: np.ndarray | slice) -> tuple[np.ndarray, np.ndarray]:
-        """(slots, padding) of shape ``(len(rows), width)``: slot ``j`` of a row reads stored
-        value ``start + j`` (beyond the row's end, a neighbour's: clipped to the data when
-        taken); ``padding`` marks the slots beyond the row's end. ``rows``: indices, or a
-        slice of step 1."""
+    def of(self, rows: np.ndarray | slice) -> _Rows:
+        """The windows, tail and slot mask of ``rows`` (indices, or a slice of step 1)."""
+        pending, self._pending = self._pending, None
+        if pending is not None and _same_rows(pending[0], rows):
+            return pending[1]
         if isinstance(rows, slice):
             starts, ends = self.indptr[rows], self.indptr[rows.start + 1 : rows.stop + 1]
         else:
             starts, ends = self.indptr[rows], self.indptr[rows + 1]
-        n = len(starts)
-        if n not in self._buffers:
-            shape = (n, len(self.positions))
-            self._buffers[n] = (np.empty(shape, np.int64), np.empty(shape, np.bool_))
-        slots, padding = self._buffers[n]
-        pending, self._pending = self._pending, None
-        if pending is not None and _same_rows(pending, rows):
-            return slots, padding
-        starts = starts.astype(np.int64)  # int64 throughout: mixed types take 1.4x longer
-        np.add(starts[:, None], self.positions, out=slots)
-        np.greater_equal(self.positions, (ends - starts)[:, None], out=padding)
-        self._pending = rows
-        return slots, padding
+        lengths = ends - starts
+        table = self._valid_by_length
+        valid = table[lengths] if table is not None else self.positions < lengths[:, None]
+        tail = np.flatnonzero(starts > self.last_window)
+        found = _Rows(
+            np.minimum(starts, max(self.last_window, 0)),
+            tail,
+            starts[tail, None] + self.positions,
+            valid,
+        )
+        self._pending = (rows, found)
+        return found
 
 
 def _same_rows(a: np.ndarray | slice, b: np.ndarray | slice) -> bool:
@@ -73,7 +99,8 @@ class PaddedRows:
     Parameters
     ----------
     csr : scipy.sparse CSR matrix
-        The matrix, its values in the float type of the graph's input (not copied).
+        The matrix, its values finite and in the float type of the graph's input (not
+        copied).
     part : {'values', 'columns'}
         Which array this is: its dtype is the matrix's values' or its column indices'.
     slots : _Slots
@@ -89,6 +116,14 @@ class PaddedRows:
         self._source: np.ndarray = csr.data if part == "values" else csr.indices
         self.dtype = self._source.dtype
         self.width = len(slots.positions)
+        size, step = self._source.size, self._source.strides[0]
+        #: window ``k`` is the ``width`` stored values from ``k`` (a read-only view, no copy);
+        #: None when fewer values than ``width`` are stored
+        self._windows = (
+            as_strided(self._source, (size - self.width + 1, self.width), (step, step), writeable=False)
+            if size >= self.width
+            else None
+        )
         self.shape = (int(csr.shape[0]), self.width)
         self.ndim = 2
 
@@ -108,18 +143,7 @@ class PaddedRows:
         out : numpy.ndarray
             The destination.
         """
-        if isinstance(rows, slice):
-            start, stop, step = rows.indices(self.shape[0])
-            rows = slice(start, max(start, stop)) if step == 1 else np.arange(start, stop, step)
-        if self._source.size == 0:
-            out[...] = 0
-            return
-        slots, padding = self._slots.of(rows)
-        # mode='clip': the last row's padding reads the last stored value (the default 'raise'
-        # also copies: 2x slower)
-        np.take(self._source, slots, out=out, mode="clip")
-        if self.part == "values":
-            np.copyto(out, 0, where=padding)
+        self._padded(rows, out)
 
     def rows(self, rows: np.ndarray | slice) -> np.ndarray:
         """The padded form of ``rows`` as a new array.
@@ -134,10 +158,34 @@ class PaddedRows:
         numpy.ndarray
             Shape ``(len(rows), width)``.
         """
-        n = len(range(*rows.indices(self.shape[0]))) if isinstance(rows, slice) else len(rows)
-        out = np.empty((n, self.width), dtype=self.dtype)
-        self.rows_into(rows, out)
-        return out
+        return self._padded(rows, None)
+
+    def _padded(self, rows: np.ndarray | slice, out: np.ndarray | None) -> np.ndarray:
+        """The padded form of ``rows``, written into ``out`` or (None) a new array."""
+        if isinstance(rows, slice):
+            start, stop, step = rows.indices(self.shape[0])
+            rows = slice(start, max(start, stop)) if step == 1 else np.arange(start, stop, step)
+        if self._source.size == 0:
+            n = rows.stop - rows.start if isinstance(rows, slice) else len(rows)
+            if out is None:
+                return np.zeros((n, self.width), self.dtype)
+            out[...] = 0
+            return out
+        found = self._slots.of(rows)
+        if self._windows is None:  # fewer stored values than a window: every row is the tail
+            block = np.empty(found.valid.shape, self.dtype) if out is None else out
+        elif out is None:
+            block = self._windows[found.windows]
+        else:
+            block = out
+            block[...] = self._windows[found.windows]
+        if found.tail.size:
+            # mode='clip': the last row's slots read past the data (the default 'raise' copies)
+            block[found.tail] = np.take(self._source, found.tail_slots, mode="clip")
+        if self.part == "values":
+            # the neighbours' values beyond each row's end times False: 0 (they are finite)
+            np.multiply(block, found.valid, out=block)
+        return block
 
 
 def padded_rows(csr: Any, width: int | None = None) -> tuple[PaddedRows, PaddedRows]:
@@ -162,7 +210,7 @@ def padded_rows(csr: Any, width: int | None = None) -> tuple[PaddedRows, PaddedR
         width = max(1, longest)
     if width < max(1, longest):
         raise ValueError(f"width {width} is below the longest row's {longest} stored values (and 1)")
-    slots = _Slots(csr.indptr, int(width))
+    slots = _Slots(csr.indptr, int(width), int(csr.data.shape[0]))
     return PaddedRows(csr, "values", slots), PaddedRows(csr, "columns", slots)
 
 

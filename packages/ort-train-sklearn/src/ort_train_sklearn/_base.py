@@ -137,7 +137,9 @@ def _to_float32(name: str, values: Any, given: Any = None) -> np.ndarray:
     scikit-learn's validation made it float64, is warned about when it holds integers that
     float32 rounds (beyond 2**24)."""
     if is_sparse(values):
-        out: np.ndarray = sparse_as(name, values, np.dtype(np.float32))
+        # scikit-learn's validation made it CSR of finite floats, its index arrays checked
+        # before (check_sparse_structure): only the cast is left
+        out: np.ndarray = sparse_as(name, values, np.dtype(np.float32), checked=True)
         return out
     out = cast_checked(name, np.asarray(values), np.dtype(np.float32))
     if isinstance(given, np.ndarray) and given.shape == out.shape:

@@ -62,6 +62,37 @@ def padded_form(X: Any) -> PaddedForm | None:
     return PaddedForm(width, np.dtype(X.indices.dtype).name)
 
 
+def _padded_nodes(coef: str, intercept: str, n_outputs: int) -> tuple[dict[str, list[int]], list[Any]]:
+    """:func:`padded_graph`'s constants and nodes, ``raw`` their output."""
+    if n_outputs == 1:
+        # a 1-D GatherElements: onnxruntime's Gather copies each one-value row of W [F, 1]
+        # through a generic block copy, 5x slower
+        # b [1] as [1, 1]: onnxruntime 1.19 adds a [1] to [N, 1] element by element (70 us
+        # at 5 000 rows), a [1, 1] as a scalar (under 1 us)
+        consts = {"ell_flat": [-1], "ell_axis1": [1], "ell_one_by_one": [1, 1]}
+        nodes = [
+            helper.make_node("Reshape", [intercept, "ell_one_by_one"], ["ell_intercept"]),
+            helper.make_node("Reshape", [coef, "ell_flat"], ["ell_coef_flat"]),
+            helper.make_node("Reshape", [COLUMNS, "ell_flat"], ["ell_columns_flat"]),
+            helper.make_node("GatherElements", ["ell_coef_flat", "ell_columns_flat"], ["ell_w_flat"], axis=0),
+            helper.make_node("Shape", [VALUES], ["ell_shape"]),
+            helper.make_node("Reshape", ["ell_w_flat", "ell_shape"], ["ell_w"]),
+            helper.make_node("Mul", [VALUES, "ell_w"], ["ell_products"]),
+            helper.make_node("ReduceSum", ["ell_products", "ell_axis1"], ["ell_sum"], keepdims=1),
+        ]
+    else:  # rows of W [F, K]: K values per gathered index
+        consts = {"ell_axis1": [1], "ell_axis2": [2]}
+        nodes = [
+            helper.make_node("Gather", [coef, COLUMNS], ["ell_w"], axis=0),
+            helper.make_node("Unsqueeze", [VALUES, "ell_axis2"], ["ell_values3"]),
+            helper.make_node("Mul", ["ell_values3", "ell_w"], ["ell_products"]),
+            helper.make_node("ReduceSum", ["ell_products", "ell_axis1"], ["ell_sum"], keepdims=0),
+            helper.make_node("Identity", [intercept], ["ell_intercept"]),
+        ]
+    nodes.append(helper.make_node("Add", ["ell_sum", "ell_intercept"], ["raw"]))
+    return consts, nodes
+
+
 def padded_graph(model: ModelProto, index_dtype: str = "int64") -> ModelProto:
     """A one-layer :func:`~ort_train_sklearn._graphs.dense_graph` ``raw = X W + b`` on the
     padded-row form of X: inputs ``X_values`` and ``X_columns``, both ``[N, M]``.
@@ -81,28 +112,7 @@ def padded_graph(model: ModelProto, index_dtype: str = "int64") -> ModelProto:
     coef, intercept = layer_names(1)[0]
     inits = {i.name: i for i in model.graph.initializer}
     n_outputs = int(inits[coef].dims[1])
-    if n_outputs == 1:
-        # a 1-D GatherElements: onnxruntime's Gather copies each one-value row of W [F, 1]
-        # through a generic block copy, 5x slower
-        consts = {"ell_flat": [-1], "ell_axis1": [1]}
-        nodes = [
-            helper.make_node("Reshape", [coef, "ell_flat"], ["ell_coef_flat"]),
-            helper.make_node("Reshape", [COLUMNS, "ell_flat"], ["ell_columns_flat"]),
-            helper.make_node("GatherElements", ["ell_coef_flat", "ell_columns_flat"], ["ell_w_flat"], axis=0),
-            helper.make_node("Shape", [VALUES], ["ell_shape"]),
-            helper.make_node("Reshape", ["ell_w_flat", "ell_shape"], ["ell_w"]),
-            helper.make_node("Mul", [VALUES, "ell_w"], ["ell_products"]),
-            helper.make_node("ReduceSum", ["ell_products", "ell_axis1"], ["ell_sum"], keepdims=1),
-        ]
-    else:  # rows of W [F, K]: K values per gathered index
-        consts = {"ell_axis1": [1], "ell_axis2": [2]}
-        nodes = [
-            helper.make_node("Gather", [coef, COLUMNS], ["ell_w"], axis=0),
-            helper.make_node("Unsqueeze", [VALUES, "ell_axis2"], ["ell_values3"]),
-            helper.make_node("Mul", ["ell_values3", "ell_w"], ["ell_products"]),
-            helper.make_node("ReduceSum", ["ell_products", "ell_axis1"], ["ell_sum"], keepdims=0),
-        ]
-    nodes.append(helper.make_node("Add", ["ell_sum", intercept], ["raw"]))
+    consts, nodes = _padded_nodes(coef, intercept, n_outputs)
     index_type = helper.np_dtype_to_tensor_dtype(np.dtype(index_dtype))
     graph = helper.make_graph(
         nodes,
