@@ -105,16 +105,20 @@ class PaddedRows:
         Which array this is: its dtype is the matrix's values' or its column indices'.
     slots : _Slots
         The slot map the pair shares.
+    dtype : numpy.dtype, optional
+        The values' type, their rows cast as they are gathered (a float64 matrix feeds a
+        float32 graph without a float32 copy of its values); default: the stored values'.
+        The columns keep the indices' type.
     """
 
-    def __init__(self, csr: Any, part: str, slots: _Slots) -> None:
+    def __init__(self, csr: Any, part: str, slots: _Slots, dtype: Any = None) -> None:
         if part not in ("values", "columns"):
             raise ValueError(f"part must be 'values' or 'columns', got {part!r}")
         self.csr = csr
         self.part = part
         self._slots = slots
         self._source: np.ndarray = csr.data if part == "values" else csr.indices
-        self.dtype = self._source.dtype
+        self.dtype = np.dtype(self._source.dtype if dtype is None or part == "columns" else dtype)
         self.width = len(slots.positions)
         size, step = self._source.size, self._source.strides[0]
         #: window ``k`` is the ``width`` stored values from ``k`` (a read-only view, no copy);
@@ -175,7 +179,7 @@ class PaddedRows:
         if self._windows is None:  # fewer stored values than a window: every row is the tail
             block = np.empty(found.valid.shape, self.dtype) if out is None else out
         elif out is None:
-            block = self._windows[found.windows]
+            block = self._windows[found.windows].astype(self.dtype, copy=False)
         else:
             block = out
             block[...] = self._windows[found.windows]
@@ -188,17 +192,20 @@ class PaddedRows:
         return block
 
 
-def padded_rows(csr: Any, width: int | None = None) -> tuple[PaddedRows, PaddedRows]:
+def padded_rows(csr: Any, width: int | None = None, dtype: Any = None) -> tuple[PaddedRows, PaddedRows]:
     """The padded-row form of a CSR matrix: its values and their column indices, each an
     array of shape ``(n_rows, width)`` made batch by batch.
 
     Parameters
     ----------
     csr : scipy.sparse CSR matrix
-        The matrix, its values in the graph's float type; the columns take the type of its
-        indices (int32, or int64 for large matrices).
+        The matrix, its values finite; the columns take the type of its indices (int32, or
+        int64 for large matrices).
     width : int, optional
         Slots per row, at least the longest row's stored values; default: that (at least 1).
+    dtype : numpy.dtype, optional
+        The graph's float type, when the stored values are in another: each batch's rows are
+        cast as they are gathered, the values never copied whole; default: theirs.
 
     Returns
     -------
@@ -211,7 +218,7 @@ def padded_rows(csr: Any, width: int | None = None) -> tuple[PaddedRows, PaddedR
     if width < max(1, longest):
         raise ValueError(f"width {width} is below the longest row's {longest} stored values (and 1)")
     slots = _Slots(csr.indptr, int(width), int(csr.data.shape[0]))
-    return PaddedRows(csr, "values", slots), PaddedRows(csr, "columns", slots)
+    return PaddedRows(csr, "values", slots, dtype), PaddedRows(csr, "columns", slots)
 
 
 def is_padded(value: Any) -> bool:

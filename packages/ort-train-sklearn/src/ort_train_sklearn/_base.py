@@ -611,6 +611,10 @@ class OrtEstimatorMixin(BaseEstimator):
             self._fit_alone(X, y, sample_weight, incremental, classes, resume)
         return self
 
+    def _fit_X(self, X: Any, given: Any) -> Any:
+        """A fit's validated X in float32, the type the graphs compute in (sparse: CSR)."""
+        return _to_float32("X", X, given)
+
     def _training_form(self, X: Any, validation: _Arrays | None) -> tuple[Any, _Arrays | None]:
         """X and the validation arrays in the form the trainer's graph takes (as they are here;
         the SGD estimators' padded rows of a sparse X)."""
@@ -769,7 +773,7 @@ class OrtEstimatorMixin(BaseEstimator):
         # the fitted weights take X's float type, as scikit-learn's SGD and MLP estimators keep
         # float32 data in float32 (the training itself runs in float32 either way)
         self._weights_dtype = X.dtype
-        X = _to_float32("X", X, given)
+        X = self._fit_X(X, given)
         y_enc, n_outputs = self._prepare_targets(y, first, classes)
         if sample_weight is None:
             return X, y_enc, None, n_outputs

@@ -18,6 +18,7 @@ import numpy as np
 from onnx import ModelProto, TensorProto, helper, numpy_helper
 from sklearn.utils.validation import check_is_fitted
 
+from ort_train_core import cast_checked
 from ort_train_core.extending import dense_rows, is_sparse, padded_rows
 from ort_train_core.graph import MAX_IR_VERSION, inputs_to_initializers
 
@@ -140,7 +141,7 @@ def padded_training_data(X: Any, validation: Any, width: int) -> tuple[Any, Any]
     Parameters
     ----------
     X : scipy.sparse CSR matrix
-        The training rows (float32).
+        The training rows (float32, or float64 within float32's range: cast batch by batch).
     validation : tuple or None
         (X, y, sample_weight) of the validation rows, or None.
     width : int
@@ -151,11 +152,11 @@ def padded_training_data(X: Any, validation: Any, width: int) -> tuple[Any, Any]
     (tuple, tuple or None)
         ``(values, columns)`` for X; the validation arrays with their X as such a pair.
     """
-    pair = padded_rows(X, width)
+    pair = padded_rows(X, width, np.float32)
     if validation is None:
         return pair, None
     X_val, *rest = validation
-    whole = tuple(dense_rows(a, slice(None)) for a in padded_rows(X_val))
+    whole = tuple(dense_rows(a, slice(None)) for a in padded_rows(X_val, dtype=np.float32))
     return pair, (whole, *rest)
 
 
@@ -202,6 +203,16 @@ class PaddedRowsMixin(_base.OrtEstimatorMixin):
         #: whether X is sparse (scikit-learn's SGD then damps the intercept's steps)
         self._sparse_fit = is_sparse(X)
         return X, y_enc, sw, n_outputs
+
+    def _fit_X(self, X: Any, given: Any) -> Any:
+        if padded_form(X) is None or X.dtype == np.float32:
+            return super()._fit_X(X, given)
+        # the batches cast their rows as they gather them (padded_rows' dtype): no float32 copy
+        # of the stored values, the fit's largest allocation (4 bytes a stored value)
+        limit = np.finfo(np.float32).max
+        if X.nnz and (X.data.max() > limit or X.data.min() < -limit):
+            cast_checked("X", X.data, np.dtype(np.float32))  # refuses them, with its message
+        return X
 
     def _shaping_params(self) -> dict[str, Any]:
         # a trainer of one form cannot take another's data, nor a sparse fit's intercept
