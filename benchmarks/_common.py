@@ -330,9 +330,20 @@ def force_session_threads(threads: int) -> Callable[[], None]:
         return new_session(model, data, device, threads, reuse_memory)
 
     _binding._new_session = patched  # type: ignore[assignment]
+    # the scikit-learn adapter's prediction sessions are made apart (ort_train_sklearn may be
+    # absent: the core benchmarks)
+    try:
+        from ort_train_sklearn import _base
+    except ImportError:
+        _base = None
+    inference_session = getattr(_base, "inference_session", None)
+    if _base is not None:
+        _base.inference_session = lambda model, device, _threads: inference_session(model, device, threads)
 
     def undo() -> None:
         _binding._new_session = new_session  # type: ignore[assignment]
+        if _base is not None:
+            _base.inference_session = inference_session
 
     return undo
 
