@@ -22,7 +22,12 @@ from sklearn.utils import check_random_state
 from sklearn.utils._available_if import available_if
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.multiclass import check_classification_targets, type_of_target, unique_labels
-from sklearn.utils.validation import _check_sample_weight, check_is_fitted, validate_data
+from sklearn.utils.validation import (
+    _assert_all_finite,
+    _check_sample_weight,
+    check_is_fitted,
+    validate_data,
+)
 
 import ort_train_core
 from ort_train_core import (
@@ -145,6 +150,21 @@ def _to_float32(name: str, values: Any, given: Any = None) -> np.ndarray:
     if isinstance(given, np.ndarray) and given.shape == out.shape:
         warn_inexact_integers(name, given, out)
     return out
+
+
+def _sparse_float32(estimator: Any, X: Any) -> Any:
+    """A validated CSR X whose values were not checked yet, in float32: the cast's own check
+    (a NaN, an inf or a value beyond float32 is not finite once cast, cast_checked) finds them
+    in one pass over the values instead of two (0.09 ms of a 5 000-row sparse predict's 1.9);
+    NaN and inf get scikit-learn's message, as its validation gives."""
+    if X.dtype == np.float32:  # no cast: scikit-learn's check
+        _assert_all_finite(X.data, estimator_name=type(estimator).__name__, input_name="X")
+        return X
+    try:
+        return sparse_as("X", X, np.dtype(np.float32), checked=True)
+    except ValueError:
+        _assert_all_finite(X.data, estimator_name=type(estimator).__name__, input_name="X")
+        raise  # finite, beyond float32's range
 
 
 #: values (rows x features) densified at once when a sparse X is predicted: 16 MiB of float32
@@ -1008,15 +1028,18 @@ class OrtEstimatorMixin(BaseEstimator):
         # or COO matrix becomes CSR in native code that trusts them: malformed ones crash)
         check_sparse_structure("X", X)
         given = X
+        sparse = is_sparse(X)
         X = validate_data(
             self,
             X,
             reset=False,
             accept_sparse="csr" if self._accepts_sparse else False,
             dtype=(np.float64, np.float32),
+            # a sparse X's values are checked once, on their float32 cast (_sparse_float32)
+            ensure_all_finite=not sparse,
         )
         dtype = X.dtype
-        X = _to_float32("X", X, given)
+        X = _sparse_float32(self, X) if sparse else _to_float32("X", X, given)
         outputs = self._outputs(kind, X)
         return [o.astype(dtype) if o.dtype == np.float32 else o for o in outputs]
 
