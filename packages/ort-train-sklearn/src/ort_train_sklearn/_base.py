@@ -631,7 +631,7 @@ class OrtEstimatorMixin(BaseEstimator):
             self._fit_alone(X, y, sample_weight, incremental, classes, resume)
         return self
 
-    def _fit_X(self, X: Any, given: Any) -> Any:
+    def _fit_input(self, X: Any, given: Any) -> Any:
         """A fit's validated X in float32, the type the graphs compute in (sparse: CSR)."""
         return _to_float32("X", X, given)
 
@@ -793,7 +793,7 @@ class OrtEstimatorMixin(BaseEstimator):
         # the fitted weights take X's float type, as scikit-learn's SGD and MLP estimators keep
         # float32 data in float32 (the training itself runs in float32 either way)
         self._weights_dtype = X.dtype
-        X = self._fit_X(X, given)
+        X = self._fit_input(X, given)
         y_enc, n_outputs = self._prepare_targets(y, first, classes)
         if sample_weight is None:
             return X, y_enc, None, n_outputs

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import scipy.sparse as sp
 from sklearn.utils.validation import check_is_fitted
 
@@ -128,15 +129,16 @@ class SparseCoefMixin:
             :meth:`densify` converts it back, and a later fit sets a dense ``coef_`` again.
         """
         check_is_fitted(self, msg="Estimator, %(name)s, must be fitted before sparsifying.")
-        self.coef_ = _sparse_interface(sp.csr_array(self.coef_))
+        self.coef_ = _sparse_interface(self.coef_)
         return self
 
 
-def _sparse_interface(coef: Any) -> Any:
-    """``coef`` as scikit-learn's ``sparsify`` returns it: from 1.9 in the interface its
-    ``sparse_interface`` setting names (a ``csr_matrix`` by default), a ``csr_matrix`` before."""
+def _sparse_interface(coef: np.ndarray) -> Any:
+    """``coef`` as scikit-learn's ``sparsify`` makes it: from 1.9 a ``csr_array`` (1-D for a
+    regressor's 1-D ``coef_``) in the interface its ``sparse_interface`` setting names (a
+    ``csr_matrix`` by default); before, a ``csr_matrix`` of the array (2-D: ``(1, F)``)."""
     try:
         from sklearn.utils import _align_api_if_sparse
     except ImportError:  # scikit-learn < 1.9
         return sp.csr_matrix(coef)
-    return _align_api_if_sparse(coef)
+    return _align_api_if_sparse(sp.csr_array(coef))

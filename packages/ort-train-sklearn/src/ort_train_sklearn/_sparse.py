@@ -204,9 +204,9 @@ class PaddedRowsMixin(_base.OrtEstimatorMixin):
         self._sparse_fit = is_sparse(X)
         return X, y_enc, sw, n_outputs
 
-    def _fit_X(self, X: Any, given: Any) -> Any:
+    def _fit_input(self, X: Any, given: Any) -> Any:
         if padded_form(X) is None or X.dtype == np.float32:
-            return super()._fit_X(X, given)
+            return super()._fit_input(X, given)
         # the batches cast their rows as they gather them (padded_rows' dtype): no float32 copy
         # of the stored values, the fit's largest allocation (4 bytes a stored value)
         limit = np.finfo(np.float32).max
