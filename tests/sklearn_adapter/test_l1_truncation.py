@@ -14,6 +14,7 @@ from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from sklearn.linear_model import SGDClassifier, SGDRegressor
 from sklearn.preprocessing import StandardScaler
 
+from backend_support import BOTH
 from ort_train_sklearn import OrtSGDClassifier, OrtSGDRegressor
 
 
@@ -22,13 +23,12 @@ def _scaled(load) -> tuple[np.ndarray, np.ndarray]:
     return StandardScaler().fit_transform(X), y
 
 
-@pytest.mark.parametrize("backend", ["onnx", "onnxruntime-training"])
+@pytest.mark.parametrize("backend", BOTH)
 @pytest.mark.parametrize("training", ["full", "partial"])
 @pytest.mark.parametrize("penalty", ["l1", "elasticnet"])
 def test_per_sample_l1_steps_are_scikit_learns(penalty, training, backend):
     # one row per step in row order: scikit-learn's per-sample SGD and truncation, step for step;
     # the subgradient step before left no coefficient at exactly zero here
-    pytest.importorskip("onnxruntime.training" if backend == "onnxruntime-training" else "onnxruntime")
     X, y = _scaled(load_breast_cancer)
     params = dict(penalty=penalty, alpha=1e-2, l1_ratio=0.5, random_state=0, shuffle=False)
     params.update(max_iter=5, tol=None)

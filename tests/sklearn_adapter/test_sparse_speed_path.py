@@ -18,9 +18,8 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import SGDClassifier, SGDRegressor
 
 import ort_train_sklearn._base as base
+from backend_support import BOTH
 from ort_train_sklearn import OrtSGDClassifier, OrtSGDRegressor
-
-BACKENDS = ["onnx", "onnxruntime-training"]
 
 
 def _wide(n: int = 240, d: int = 300, density: float = 0.02, seed: int = 0) -> tuple[Any, np.ndarray]:
@@ -55,7 +54,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BOTH)
 @pytest.mark.parametrize(("estimator", "params", "n_classes"), CASES)
 def test_padded_fit_equals_dense_fit(
     backend: str, estimator: Any, params: dict[str, Any], n_classes: int
@@ -77,7 +76,7 @@ def test_padded_fit_equals_dense_fit(
         np.testing.assert_allclose(sparse.validation_scores_, dense.validation_scores_, atol=1e-9)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BOTH)
 @pytest.mark.parametrize(
     ("ours", "theirs", "n_classes"),
     [(OrtSGDRegressor, SGDRegressor, 0), (OrtSGDClassifier, SGDClassifier, 2)],
