@@ -41,4 +41,7 @@ def test_values_beyond_float32_refused() -> None:
     bad.data[5] = -1e39
     with pytest.raises(ValueError, match=r"^X holds 1 value\(s\) beyond the range of float32"):
         ours.predict(bad)
-    np.testing.assert_allclose(ours.decision_function(X), ours.decision_function(X.toarray()), rtol=1e-6)
+    # the padded rows and the dense product sum in other orders (float32): 9e-6 relative on a
+    # value of 3e-3 with stock onnxruntime 1.32
+    dense = ours.decision_function(X.toarray())
+    np.testing.assert_allclose(ours.decision_function(X), dense, rtol=1e-5, atol=1e-6 * np.abs(dense).max())
