@@ -139,3 +139,53 @@ def test_a_fit_resolves_its_backend_once(loop: str, monkeypatch: pytest.MonkeyPa
     assert len(calls) == 1
     assert trainer._backend() is original(None)  # outside a fit: looked up again
     assert len(calls) == 2
+
+
+# ---- the settings a continuing fit checks again ----------------------------------------------
+# _validate_params keeps its checked pair while no setting changed (a stream of partial fits):
+# every change made between two fits, also in place or through the environment, is still seen
+
+
+@pytest.mark.parametrize("loop", ["full", "partial"])
+def test_learning_rate_edited_in_place_between_fits_is_checked(loop: str) -> None:
+    from ort_train_core import LearningRateSGD
+
+    trainer = _trainer(loop)
+    trainer.learning_rate = rate = LearningRateSGD(eta0=ETA, learning_rate="constant")
+    (X, y), (X2, y2) = _chunks([32, 32])
+    trainer.fit(X, y)
+    rate.eta0 = -1.0
+    with pytest.raises(ValueError, match=r"eta0 .*must be a finite number > 0, got -1\.0"):
+        trainer.fit(X2, y2)
+    rate.eta0 = 2 * ETA
+    # a continued fit keeps its optimizer state: a changed rate is refused, by its new value
+    with pytest.raises(ValueError, match=r"learning rate changed .*eta0=0\.1"):
+        trainer.fit(X2, y2)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("max_iter", 0, "max_iter must be"),
+        ("batch_size", -3, "batch_size must be"),
+        ("verbose", 7, "verbose must be 0, 1"),
+        ("tol", -1.0, "tol must be None or a number >= 0"),
+        ("threads", 0, "threads"),
+    ],
+)
+def test_setting_changed_between_fits_is_checked(name: str, value: Any, message: str) -> None:
+    trainer = _trainer("full")
+    (X, y), (X2, y2) = _chunks([32, 32])
+    trainer.fit(X, y)
+    setattr(trainer, name, value)  # an attribute set directly, as scikit-learn allows
+    with pytest.raises(ValueError, match=message):
+        trainer.fit(X2, y2)
+
+
+def test_backend_variable_changed_between_fits_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    trainer = _trainer("full")
+    (X, y), (X2, y2) = _chunks([32, 32])
+    trainer.fit(X, y)
+    monkeypatch.setenv("ORT_TRAIN_BACKEND", "no-such-backend")
+    with pytest.raises(ValueError, match=r"unknown gradient backend .*no-such-backend"):
+        trainer.fit(X2, y2)

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import ModelProto, numpy_helper
 
-from ._backends import get_backend
+from ._backends import BACKEND_VARIABLE, get_backend
 from ._binding import check_threads
 from ._data import BatchStore, DataSpec, _count_non_finite, check_fit_arrays, is_sparse
 from ._data import _all_finite as _array_finite
@@ -86,6 +86,22 @@ class _Outcome(enum.Enum):
     COMPLETED = "max_iter epochs"
     STOPPED = "a callback stopped the fit"
     INTERRUPTED = "Ctrl-C"
+
+
+def _same_settings(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    """Whether two :meth:`BaseOrtTrainer._settings_key` tuples hold equal values of the same
+    types (an array, or anything whose comparison fails, counts as changed)."""
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if x is y:
+            continue
+        try:
+            if type(x) is not type(y) or not bool(x == y):
+                return False
+        except (ValueError, TypeError):
+            return False
+    return True
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -252,7 +268,7 @@ class BaseOrtTrainer(ParamsMixin):
         arrays = tuple(None if a is None else (a.shape, a.dtype, is_sparse(a)) for a in data)
         # the record's parameters name the backend: a change of backend is a change of record;
         # _start_or_continue has just recorded repr(lr) (a repr of every parameter: 10 us)
-        signature = self.__dict__.get("_lr_signature") or repr(lr)
+        signature = self.__dict__.get("_lr_signature") or self._lr_repr(lr)
         settings = (str(device), signature, self.batch_size, bool(self.shuffle), self._threads())
         return id(self.__dict__.get("_graph_record")), arrays, sample_weight is None, settings
 
@@ -311,8 +327,42 @@ class BaseOrtTrainer(ParamsMixin):
         self.__dict__.pop("_graph_record", None)
         self.__dict__.pop("_graph_seen", None)
         self.__dict__.pop("_kept_runner", None)
+        self.__dict__.pop("_validated", None)
 
     def _validate_params(self) -> tuple[Device, BaseLearningRate]:
+        """The device and a copy of the learning rate, every setting checked; the same pair
+        again while no setting changed (a stream of partial fits: copying, checking and
+        printing the learning rate took a twentieth of a 1000-row call)."""
+        key = self._settings_key()
+        memo = self.__dict__.get("_validated")
+        if memo is not None and _same_settings(memo[0], key):
+            return memo[1], memo[2]
+        device, lr = self._checked_params()
+        self._validated = (key, device, lr, repr(lr))
+        return device, lr
+
+    def _settings_key(self) -> tuple[Any, ...]:
+        """What :meth:`_checked_params` reads: the settings' values (a learning-rate object's
+        by identity and parameter values, so an edit in place is seen) and the default
+        backend's variable."""
+        lr = self.learning_rate
+        if isinstance(lr, BaseLearningRate):
+            lr = (id(lr), type(lr), tuple(getattr(lr, n) for n in lr._param_names()))
+        names = ("max_iter", "batch_size", "n_iter_no_change", "tol", "verbose", "device")
+        optional = ("checkpoint_dir", "checkpoint_every", "threads", "backend")
+        return (
+            lr,
+            *(getattr(self, n) for n in names),
+            *(getattr(self, n, None) for n in optional),
+            os.environ.get(BACKEND_VARIABLE),
+        )
+
+    def _lr_repr(self, lr: BaseLearningRate) -> str:
+        """``repr(lr)``, kept with the learning rate :meth:`_validate_params` returned."""
+        memo = self.__dict__.get("_validated")
+        return memo[3] if memo is not None and memo[2] is lr else repr(lr)
+
+    def _checked_params(self) -> tuple[Device, BaseLearningRate]:
         _positive_int("max_iter", self.max_iter)
         _positive_int("batch_size", self.batch_size)
         _positive_int("n_iter_no_change", self.n_iter_no_change)
@@ -573,7 +623,10 @@ class BaseOrtTrainer(ParamsMixin):
                 epoch=self.n_iter_,
                 batch=0,
             ) from exc
-        weights = data[-1] if self._batches_weighted_by_sample_weight() else None
+        # unit weights (none given) weigh each batch by its row count, as no weights do: the
+        # store's row totals, without a weighted sum over the batches at each epoch
+        weighted = sample_weight is not None and self._batches_weighted_by_sample_weight()
+        weights = data[-1] if weighted else None
         outcome = self._train(runner, weights, n_epochs, resuming)
         self._keep_runner(runner, key, outcome)
         self._warn_outcome(outcome)
@@ -593,7 +646,7 @@ class BaseOrtTrainer(ParamsMixin):
         """Starts the history and state afresh, or checks that a continued fit keeps its
         learning rate (the optimizer states belong to it)."""
         previous_lr: str | None = getattr(self, "_lr_signature", None)
-        signature = repr(lr)
+        signature = self._lr_repr(lr)
         if continuing and previous_lr is not None and previous_lr != signature:
             # a CheckpointMismatchError (a ValueError) names the setting, for the CLI's words
             raise CheckpointMismatchError(
@@ -1064,6 +1117,7 @@ class BaseOrtTrainer(ParamsMixin):
         state.pop("_graph_record", None)  # sessions and graphs are rebuilt lazily
         state.pop("_graph_seen", None)
         state.pop("_kept_runner", None)
+        state.pop("_validated", None)  # holds the learning rate's id
         state.pop("_fit_backend", None)
         state.pop("_weighted_by", None)  # the loss graph's reading, made again from the record
         return state
