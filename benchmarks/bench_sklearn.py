@@ -23,7 +23,7 @@ final training loss (relative difference <= 5 %), per case.
 Run: ``python benchmarks/bench_sklearn.py [--quick] [--out benchmarks/results]``; it writes
 ``<host>-<date>-sklearn[-quick].{json,md}``, then runs ``bench_datasets.py`` (the four drop-ins at
 their defaults on scikit-learn's datasets: score and fit-time ratio), which writes
-``<host>-<date>-datasets[-quick].{json,md}``.
+``<host>-<date>-datasets[-quick].{json,md}``, and its sparse text case and stream ``--all-cores``.
 """
 
 from __future__ import annotations
@@ -324,7 +324,11 @@ def main(argv: list[str] | None = None) -> int:
     # the four drop-ins at their defaults on scikit-learn's datasets (issue 18), and what one SGD
     # step costs on each route: their own files
     forwarded = ["--out", str(args.out), *(["--quick"] if args.quick else [])]
-    return bench_datasets.main(forwarded)
+    status = bench_datasets.main(forwarded)
+    # the sparse text case and the partial_fit stream again under each library's own threading
+    for only in ("--sparse-text-only", "--stream-only"):
+        status = bench_datasets.main([*forwarded, only, "--all-cores"]) or status
+    return status
 
 
 if __name__ == "__main__":
