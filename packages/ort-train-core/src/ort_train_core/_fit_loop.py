@@ -24,7 +24,7 @@ from ._binding import check_threads
 from ._data import BatchStore, DataSpec, _count_non_finite, check_fit_arrays, is_sparse
 from ._data import _all_finite as _array_finite
 from ._ort_errors import is_onnxruntime_error, run_failure
-from ._params import ParamsMixin, plain_repr
+from ._params import ParamsMixin, plain_repr, same_values
 from ._runtime import Device, parse_device
 from .callbacks import Callback, EarlyStopping, EpochPrinter, ProgressBar
 from .checkpoint import (
@@ -86,22 +86,6 @@ class _Outcome(enum.Enum):
     COMPLETED = "max_iter epochs"
     STOPPED = "a callback stopped the fit"
     INTERRUPTED = "Ctrl-C"
-
-
-def _same_settings(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
-    """Whether two :meth:`BaseOrtTrainer._settings_key` tuples hold equal values of the same
-    types (an array, or anything whose comparison fails, counts as changed)."""
-    if len(a) != len(b):
-        return False
-    for x, y in zip(a, b):
-        if x is y:
-            continue
-        try:
-            if type(x) is not type(y) or not bool(x == y):
-                return False
-        except (ValueError, TypeError):
-            return False
-    return True
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -335,16 +319,16 @@ class BaseOrtTrainer(ParamsMixin):
         printing the learning rate took a twentieth of a 1000-row call)."""
         key = self._settings_key()
         memo = self.__dict__.get("_validated")
-        if memo is not None and _same_settings(memo[0], key):
+        if memo is not None and same_values(memo[0], key):
             return memo[1], memo[2]
         device, lr = self._checked_params()
         self._validated = (key, device, lr, repr(lr))
         return device, lr
 
     def _settings_key(self) -> tuple[Any, ...]:
-        """What :meth:`_checked_params` reads: the settings' values (a learning-rate object's
-        by identity and parameter values, so an edit in place is seen) and the default
-        backend's variable."""
+        """What :meth:`_checked_params` reads, for :func:`same_values`: the settings' values (a
+        learning-rate object's by identity and parameter values, so an edit in place is seen)
+        and the default backend's variable."""
         lr = self.learning_rate
         if isinstance(lr, BaseLearningRate):
             lr = (id(lr), type(lr), tuple(getattr(lr, n) for n in lr._param_names()))

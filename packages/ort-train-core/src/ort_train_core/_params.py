@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -23,6 +24,43 @@ def plain_repr(value: Any) -> str:
     if isinstance(value, (np.number, np.bool_)):
         return str(value)  # the shortest text that round-trips in the scalar's own precision
     return repr(value.item() if isinstance(value, np.generic) else value)
+
+
+def same_values(a: Mapping[str, Any] | Sequence[Any], b: Mapping[str, Any] | Sequence[Any]) -> bool:
+    """Whether two collections of parameter values hold the same values: dicts with the same
+    keys, or sequences of the same length, whose values are the same object, or of the same
+    type and equal.
+
+    What a cache of validated or built parameters compares (``get_params()`` dicts, a tuple of
+    settings) to tell an unchanged setting from one changed between two fits, also in place.
+
+    Parameters
+    ----------
+    a, b : dict or sequence
+        The two collections.
+
+    Returns
+    -------
+    bool
+        True when every pair is the same. numpy arrays compare by value; a comparison that
+        raises (an array inside a tuple, an object refusing ``==``) counts as a difference.
+    """
+    if isinstance(a, Mapping) or isinstance(b, Mapping):
+        if not (isinstance(a, Mapping) and isinstance(b, Mapping)) or a.keys() != b.keys():
+            return False
+        return all(_same_value(a[k], b[k]) for k in a)
+    return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
+
+
+def _same_value(x: Any, y: Any) -> bool:
+    if x is y:
+        return True
+    if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+        return bool(np.array_equal(np.asarray(x, dtype=object), np.asarray(y, dtype=object)))
+    try:
+        return type(x) is type(y) and bool(x == y)
+    except (ValueError, TypeError):
+        return False
 
 
 @functools.cache

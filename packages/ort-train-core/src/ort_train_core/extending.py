@@ -21,6 +21,8 @@ torch adapters use, public and documented, so that no adapter imports a private 
   :meth:`~ort_train_core.BaseLearningRate.update_nodes` writes its update nodes with.
 * Gradient backends: :data:`BACKENDS`, the names a ``backend=`` parameter accepts (besides
   None, the default), for an adapter's own validation.
+* Parameters: :func:`same_values`, whether two ``get_params()`` dicts (or tuples of settings)
+  hold the same values, for a cache of what they validated or built.
 * Metadata: :data:`EPOCH_LOSS_WEIGHTS`, the loss graph's key saying how the trainers weigh each
   batch's loss in the epoch's mean.
 
@@ -53,6 +55,7 @@ from ._data import (
 )
 from ._loss_trainer import EPOCH_LOSS_WEIGHTS
 from ._padded import PaddedRows, padded_rows
+from ._params import same_values
 from ._runtime import Device
 from .graph import float_initializers
 
@@ -76,6 +79,7 @@ __all__ = [
     "keeps_values",
     "model_digest",
     "padded_rows",
+    "same_values",
     "sparse_as",
     "warn_inexact_integers",
     "with_values",

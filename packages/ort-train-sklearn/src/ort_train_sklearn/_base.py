@@ -56,6 +56,7 @@ from ort_train_core.extending import (
     is_sparse,
     keeps_values,
     model_digest,
+    same_values,
     sparse_as,
     warn_inexact_integers,
     with_values,
@@ -95,22 +96,6 @@ _Arrays = tuple[Any, np.ndarray, np.ndarray | None]
 _READ_AT_EACH_FIT = frozenset(
     {"max_iter", "tol", "shuffle", "early_stopping", "validation_fraction", "n_iter_no_change", "warm_start"}
 )
-
-
-def _same_params(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Whether two get_params() dicts hold the same values (arrays compared by value)."""
-    if a.keys() != b.keys():
-        return False
-    for key, value in a.items():
-        other = b[key]
-        if value is other:
-            continue
-        if isinstance(value, np.ndarray) or isinstance(other, np.ndarray):
-            if not np.array_equal(np.asarray(value, dtype=object), np.asarray(other, dtype=object)):
-                return False
-        elif type(value) is not type(other) or value != other:
-            return False
-    return True
 
 
 #: parameter values whose validity cannot change while the estimator holds them
@@ -434,7 +419,7 @@ class OrtEstimatorMixin(BaseEstimator):
         partial_fit calls checks them once (0.13 ms a call, a tenth of a 200-row call)."""
         params = self.get_params(deep=False)
         validated = self.__dict__.pop("_validated_params", None)
-        if validated is not None and _same_params(validated, params):
+        if validated is not None and same_values(validated, params):
             self._validated_params = validated
             return
         self._validate_params()
@@ -669,7 +654,7 @@ class OrtEstimatorMixin(BaseEstimator):
             self._start_fit(X, y)
         X, y_enc, sw, n_outputs = self._fit_arrays(X, y, sample_weight, first, classes)
         rebuild = not first and (
-            not incremental or not _same_params(self._built_with(), self._shaping_params())
+            not incremental or not same_values(self._built_with(), self._shaping_params())
         )
         # a partial_fit that goes on with its trainer draws nothing: no random state made
         # (check_random_state of a seed builds a RandomState: a tenth of a 200-row call); each
