@@ -189,3 +189,34 @@ def test_backend_variable_changed_between_fits_is_checked(monkeypatch: pytest.Mo
     monkeypatch.setenv("ORT_TRAIN_BACKEND", "no-such-backend")
     with pytest.raises(ValueError, match=r"unknown gradient backend .*no-such-backend"):
         trainer.fit(X2, y2)
+
+
+def _unkeyed_settings(trainer: Any) -> set[str]:
+    """The settings ``_checked_params`` reads that the memo's key leaves out: each attribute it
+    reads on the trainer is recorded (a subclass's ``__getattribute__``, for that call only)."""
+    read: list[str] = []
+    cls = type(trainer)
+
+    class Recording(cls):  # type: ignore[valid-type, misc]
+        def __getattribute__(self, name: str) -> Any:
+            read.append(name)
+            return super().__getattribute__(name)
+
+    trainer.__class__ = Recording
+    try:
+        trainer._checked_params()
+    finally:
+        trainer.__class__ = cls
+    keyed = {"learning_rate", *cls._CHECKED_SETTINGS}
+    return (set(read) & set(trainer.get_params(deep=False))) - keyed
+
+
+@pytest.mark.parametrize("loop", ["full", "partial"])
+def test_the_memo_keys_every_setting_the_checks_read(loop: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a new check of another setting must join the key, or a continued fit would skip it
+    trainer = _trainer(loop)
+    assert _unkeyed_settings(trainer) == set()
+    monkeypatch.setattr(
+        BaseOrtTrainer, "_CHECKED_SETTINGS", tuple(n for n in BaseOrtTrainer._CHECKED_SETTINGS if n != "tol")
+    )
+    assert _unkeyed_settings(trainer) == {"tol"}  # the recorder sees a setting left out

@@ -325,6 +325,21 @@ class BaseOrtTrainer(ParamsMixin):
         self._validated = (key, device, lr, repr(lr))
         return device, lr
 
+    #: the settings :meth:`_checked_params` reads besides ``learning_rate`` (the memo's key;
+    #: tests/core/test_runner_reuse.py fails when a check reads a setting not listed here)
+    _CHECKED_SETTINGS = (
+        "max_iter",
+        "batch_size",
+        "n_iter_no_change",
+        "tol",
+        "verbose",
+        "device",
+        "checkpoint_dir",
+        "checkpoint_every",
+        "threads",
+        "backend",
+    )
+
     def _settings_key(self) -> tuple[Any, ...]:
         """What :meth:`_checked_params` reads, for :func:`same_values`: the settings' values (a
         learning-rate object's by identity and parameter values, so an edit in place is seen)
@@ -332,12 +347,10 @@ class BaseOrtTrainer(ParamsMixin):
         lr = self.learning_rate
         if isinstance(lr, BaseLearningRate):
             lr = (id(lr), type(lr), tuple(getattr(lr, n) for n in lr._param_names()))
-        names = ("max_iter", "batch_size", "n_iter_no_change", "tol", "verbose", "device")
-        optional = ("checkpoint_dir", "checkpoint_every", "threads", "backend")
+        # getattr with a default: a trainer pickled before a setting existed lacks it
         return (
             lr,
-            *(getattr(self, n) for n in names),
-            *(getattr(self, n, None) for n in optional),
+            *(getattr(self, n, None) for n in self._CHECKED_SETTINGS),
             os.environ.get(BACKEND_VARIABLE),
         )
 

@@ -12,9 +12,9 @@ import numpy as np
 from onnx import ModelProto
 from sklearn.base import ClassifierMixin, RegressorMixin
 from sklearn.model_selection import ShuffleSplit, StratifiedShuffleSplit
-from sklearn.utils._available_if import available_if
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.class_weight import compute_class_weight
+from sklearn.utils.metaestimators import available_if
 
 from ort_train_core import (
     BaseLearningRate,
