@@ -115,12 +115,15 @@ def padded_graph(model: ModelProto, index_dtype: str = "int64") -> ModelProto:
     n_outputs = int(inits[coef].dims[1])
     consts, nodes = _padded_nodes(coef, intercept, n_outputs)
     index_type = helper.np_dtype_to_tensor_dtype(np.dtype(index_dtype))
+    # one named shape for both inputs: the onnx backend's walk then knows the products' two
+    # factors have the same shape, and sums no broadcast axes back (a run-time search of them
+    # and a ReduceSum copying the [rows, slots] gradient at each step)
     graph = helper.make_graph(
         nodes,
         "padded_rows",
         [
-            helper.make_tensor_value_info(VALUES, TensorProto.FLOAT, [None, None]),
-            helper.make_tensor_value_info(COLUMNS, index_type, [None, None]),
+            helper.make_tensor_value_info(VALUES, TensorProto.FLOAT, ["rows", "slots"]),
+            helper.make_tensor_value_info(COLUMNS, index_type, ["rows", "slots"]),
         ],
         [helper.make_tensor_value_info("raw", TensorProto.FLOAT, [None, n_outputs])],
         [
