@@ -103,24 +103,6 @@ def _slice(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     return [grad, *([None] * (len(node.input) - 1))]
 
 
-def _non_negative(ctx: Context, indices: str, x: str, axis: int) -> str:
-    """``indices`` with negative entries counted from the end of ``x``'s ``axis`` (as Gather
-    reads them)."""
-    if indices in ctx.values and bool((ctx.values[indices] >= 0).all()):
-        return indices
-    dtype = onnx.helper.tensor_dtype_to_np_dtype(ctx.dtype(indices))
-    zero = ctx.b.const(np.array(0, dtype=dtype), "zero", dtype=dtype)
-    dim = ctx.dims(x)[axis]
-    if isinstance(dim, int):
-        size = ctx.b.const(np.array(dim, dtype=dtype), "size", dtype=dtype)
-    else:  # read when it runs
-        size = ctx.op(
-            "Cast", [ctx.op("Gather", [ctx.op("Shape", [x]), ctx.ints([axis])])], to=ctx.dtype(indices)
-        )
-    shifted = ctx.op("Add", [indices, size])
-    return ctx.op("Where", [ctx.op("Less", [indices, zero]), shifted, indices])
-
-
 @rule("Gather")
 def _gather(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     (dy,) = dys
@@ -128,7 +110,9 @@ def _gather(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     x, indices = node.input
     rank = ctx.rank(x)
     axis = _axis(node, rank)
-    idx = ctx.op("Cast", [_non_negative(ctx, indices, x, axis)], to=onnx.TensorProto.INT64)
+    # ScatterND reads negative indices from the end as Gather does (the ONNX spec): only
+    # the int64 cast it requires, no Where/Less/Add pass over them
+    idx = ctx.op("Cast", [indices], to=onnx.TensorProto.INT64)
     # dX = zeros with dY added at the gathered rows (repeated ids add up): ScatterND on axis 0
     perm = [axis, *[k for k in range(rank) if k != axis]]
     idx_rank = ctx.rank(indices)
@@ -156,8 +140,8 @@ def _gather_elements(ctx: Context, node: onnx.NodeProto, dys: Grads) -> Grads:
     x, indices = node.input
     axis = _axis(node, ctx.rank(x))
     # ScatterElements reads negative indices from the end as GatherElements does (the ONNX
-    # spec; onnxruntime too): no Where/Less/Add pass over them (a third of the scatter's own
-    # time in a sparse linear fit's step)
+    # spec): no Where/Less/Add pass over them (a third of the scatter's own time in a sparse
+    # linear fit's step)
     return [ctx.op("ScatterElements", [ctx.zeros_like(x), indices, dy], axis=axis, reduction="add"), None]
 
 
