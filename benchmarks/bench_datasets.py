@@ -27,7 +27,9 @@ builds them) and warm (a ``clone`` fitted again on the same rows, as ``GridSearc
 architecture it has fitted: no graph, no session built), whose score must equal the cold one's.
 The backend is the default one (``ORT_TRAIN_BACKEND``), named in the report.
 
-Sparse text case (``--sparse-text-only``): SGD classifiers on tf-idf-like CSR 20 000 x 50 000.
+Sparse text case (``--sparse-text-only``): SGD classifiers on tf-idf-like CSR 20 000 x 50 000,
+and two references timed in the same run at ours' epochs and batch size: the floor (one
+hand-written onnxruntime step a batch, filled as ours) and the same step in scipy and numpy.
 partial_fit stream (``--stream-only``): 100 calls of 200 and 1000 rows (--quick: 200) through
 the SGD drop-ins.
 
@@ -333,7 +335,109 @@ def _sparse_text_run(make: Callable[..., Any], seed: int, X: Any, y: np.ndarray,
         est.predict(X_test)
         times.append(time.perf_counter())
     figures = {"fit": fit, "n_iter": est.n_iter_, "accuracy": est.score(X_test, y_test), "memory": memory}
+    # rows a step: 'auto' on these rows (a private method: no public name); scikit-learn's: 1
+    figures["batch"] = est._batch_size(n) if hasattr(est, "_batch_size") else 1
     return {**figures, "predict": min(np.diff(times)[1:])}
+
+
+def _floor_session(index_type: int) -> Any:
+    """The floor of the sparse fit in onnxruntime: one hinge SGD step ``(W, b) -> (W', b')`` on
+    a padded batch in as few kernels as it allows (the gather, the products and their row
+    sums; the hinge's active rows; the scatter-add of the gradient straight into the decayed
+    ``W``), no loss value, constant rate ``lr / rows`` and decay ``1 - lr alpha`` fed."""
+    import onnxruntime as ort
+    from onnx import TensorProto as T
+    from onnx import helper, numpy_helper
+
+    from ort_train_core.graph import MAX_IR_VERSION
+
+    n = helper.make_node
+    nodes = [
+        n("Reshape", ["columns", "flat"], ["cf"]),
+        n("GatherElements", ["W", "cf"], ["wg"], axis=0),
+        n("Shape", ["values"], ["shape"]),
+        n("Reshape", ["wg", "shape"], ["wr"]),
+        n("Mul", ["values", "wr"], ["p"]),
+        n("ReduceSum", ["p", "axis1"], ["f0"], keepdims=0),
+        n("Add", ["f0", "b"], ["f"]),
+        n("Mul", ["y", "f"], ["yf"]),
+        n("Less", ["yf", "one"], ["active"]),
+        n("Cast", ["active"], ["af"], to=T.FLOAT),
+        n("Mul", ["af", "y"], ["ay"]),
+        n("Mul", ["ay", "rate"], ["s"]),  # -lr dL/df
+        n("Unsqueeze", ["s", "axis1"], ["s2"]),
+        n("Mul", ["values", "s2"], ["ds"]),
+        n("Reshape", ["ds", "flat"], ["dsf"]),
+        n("Mul", ["W", "decay"], ["Wd"]),
+        n("ScatterElements", ["Wd", "cf", "dsf"], ["W2"], axis=0, reduction="add"),
+        n("ReduceSum", ["s", "axis0"], ["db"], keepdims=1),
+        n("Add", ["b", "db"], ["b2"]),
+    ]
+    info = helper.make_tensor_value_info
+    consts = {"flat": [-1], "axis0": [0], "axis1": [1]}
+    graph = helper.make_graph(
+        nodes,
+        "floor",
+        [
+            *(info("values", T.FLOAT, ["r", "s"]), info("columns", index_type, ["r", "s"])),
+            *(info("y", T.FLOAT, ["r"]), info("W", T.FLOAT, ["F"]), info("b", T.FLOAT, [1])),
+            *(info("rate", T.FLOAT, []), info("decay", T.FLOAT, [])),
+        ],
+        [info("W2", T.FLOAT, ["F"]), info("b2", T.FLOAT, [1])],
+        [numpy_helper.from_array(np.float32(1), "one")]
+        + [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in consts.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = MAX_IR_VERSION
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def _floor_fit(X: Any, y: np.ndarray, epochs: int, batch: int, seed: int) -> float:
+    """Seconds of ``epochs`` shuffled epochs of :func:`_floor_session`'s step, each batch made by
+    the padded fill the fit uses (core's ``padded_rows``): what any onnxruntime graph of this
+    design costs at least, the figure its fit time is to be read against."""
+    from onnx import helper
+
+    from ort_train_core.extending import padded_rows
+
+    values, columns = padded_rows(X, dtype=np.float32)
+    session = _floor_session(helper.np_dtype_to_tensor_dtype(columns.dtype))
+    bufs = [np.empty((batch, values.width), a.dtype) for a in (values, columns)]
+    signs, rng = np.where(y > 0, 1, -1).astype(np.float32), np.random.default_rng(seed)
+    W, b = np.zeros(X.shape[1], np.float32), np.zeros(1, np.float32)
+    lr, alpha, n = 0.01, 1e-4, X.shape[0]
+    decay = np.array(1 - lr * alpha, np.float32)
+    start = CLOCK()
+    for _ in range(epochs):
+        order = rng.permutation(n)
+        for s in range(0, n, batch):
+            rows = order[s : s + batch]
+            for part, buf in zip((values, columns), bufs):
+                part.rows_into(rows, buf[: len(rows)])
+            feeds = {"values": bufs[0][: len(rows)], "columns": bufs[1][: len(rows)], "y": signs[rows]}
+            rate = np.array(lr / len(rows), np.float32)
+            W, b = session.run(None, {**feeds, "W": W, "b": b, "rate": rate, "decay": decay})
+    return CLOCK() - start
+
+
+def _scipy_fit(X: Any, y: np.ndarray, epochs: int, batch: int, seed: int) -> float:
+    """Seconds of :func:`_floor_fit`'s epochs with the step's products in scipy and numpy (no
+    onnxruntime): what the route that leaves them outside the graph would cost."""
+    signs, rng = np.where(y > 0, 1.0, -1.0), np.random.default_rng(seed)
+    W, b, lr, n = np.zeros(X.shape[1]), 0.0, 0.01, X.shape[0]
+    start = CLOCK()
+    for _ in range(epochs):
+        order = rng.permutation(n)
+        for s in range(0, n, batch):
+            rows = order[s : s + batch]
+            X_b, y_b = X[rows], signs[rows]
+            step = np.where(y_b * (X_b @ W + b) < 1, y_b, 0.0) * (lr / len(rows))
+            W *= 1 - lr * 1e-4
+            W += X_b.T @ step
+            b += step.sum()
+    return CLOCK() - start
 
 
 def run_sparse_text(seeds: tuple[int, ...]) -> dict[str, Any]:
@@ -348,7 +452,9 @@ def run_sparse_text(seeds: tuple[int, ...]) -> dict[str, Any]:
         for make in (OrtSGDClassifier, SGDClassifier):  # warm-up (imports, graphs), then measured
             _sparse_text_run(make, seed, X[: n + 500], y[: n + 500], 500)
         ours, theirs = (_sparse_text_run(m, seed, X, y, n) for m in (OrtSGDClassifier, SGDClassifier))
-        runs.append({"ours": ours, "sk": theirs})
+        args = (X[:n], y[:n], round(ours["n_iter"]), int(ours["batch"]), seed)
+        floor = {"fit": _floor_fit(*args), "scipy": _scipy_fit(*args)}
+        runs.append({"ours": ours, "sk": theirs, "floor": floor})
     targets = []
     for k, bound in SPARSE_TEXT_TARGETS.items():  # ratio of sums; accuracy: the mean gap
         ratio = sum(r["ours"][k] for r in runs) / sum(r["sk"][k] or 1e-9 for r in runs)
@@ -366,11 +472,27 @@ def sparse_text_lines(case: dict[str, Any]) -> list[str]:
         for who in ("ours", "sk")
     }
     rows = [["OrtSGDClassifier", *mean["ours"]], ["SGDClassifier", *mean["sk"]]]
+    floors = [r["floor"]["fit"] for r in case["runs"] if "floor" in r]  # reports before 2026-11-28 lack it
+    if floors:
+        sk_fit = sum(r["sk"]["fit"] for r in case["runs"])
+        scipy_fit = [r["floor"]["scipy"] for r in case["runs"]]
+        for name, fits in (("the floor (one fused step)", floors), ("the step in scipy", scipy_fit)):
+            rows.append([name, f"{1e3 * np.mean(fits):.4g}", "ours'", *["-"] * 3])
     return [
         f"\n### Sparse text: CSR {case['train']} x {case['features']}, density {case['density']:g}, hinge, "
         f"defaults ({len(case['runs'])} seed(s), {case.get('threads', 'one thread')})\n",
         f"Extra memory: {common.RssSampler().method}; predict: {case['predict']} sparse rows, best of 5.\n",
         *common.markdown_table(["estimator", "fit ms", "n_iter_", "accuracy", "MiB", "predict ms"], rows),
+        *(
+            [
+                "\nThe floor: ours' epochs of one hand-written onnxruntime step a batch (gather, products,"
+                " hinge, scatter-add into the decayed W; no loss value), filled as ours: "
+                f"{sum(floors) / sk_fit:.2f}x scikit-learn's fit time. Any graph of this design costs at"
+                f" least that. The same step in scipy and numpy: {sum(scipy_fit) / sk_fit:.2f}x."
+            ]
+            if floors
+            else []
+        ),
         *["", *common.targets_table(case["targets"])],
     ]
 

@@ -48,9 +48,10 @@ def test_the_exception_is_only_parameter_storage() -> None:
     assert not _stores_its_parameters_only(computes)
 
 
-def test_benchmarks_stay_under_3900_lines() -> None:
+def test_benchmarks_stay_under_4050_lines() -> None:
     # 3,500 until issue 28, whose real-size zoo preset (four models, both backends, the operator
     # profile) took 240 lines; 3,800 until issue 30, whose dataset benchmark gained the sparse text
-    # case (80) and the partial_fit stream (50); trimming the older benchmarks is left to its own issue
+    # case (80) and the partial_fit stream (50), then the sparse case's two references (the floor
+    # step and the scipy step, 120); trimming the older benchmarks is left to its own issue
     total = sum(len(p.read_text(encoding="utf-8").splitlines()) for p in (ROOT / "benchmarks").glob("*.py"))
-    assert total < 3900, f"benchmarks/*.py hold {total} lines"
+    assert total < 4050, f"benchmarks/*.py hold {total} lines"
