@@ -43,7 +43,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -394,6 +394,18 @@ def _floor_session(index_type: int) -> Any:
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
+#: the references' constant rate and L2 (their step's cost does not depend on them)
+REFERENCE_RATE, REFERENCE_ALPHA = 0.01, 1e-4
+
+
+def _reference_batches(n: int, epochs: int, batch: int, seed: int) -> Iterator[np.ndarray]:
+    """The rows of each batch of ``epochs`` shuffled epochs over ``n`` rows."""
+    rng = np.random.default_rng(seed)
+    for _ in range(epochs):
+        order = rng.permutation(n)
+        yield from (order[s : s + batch] for s in range(0, n, batch))
+
+
 def _floor_fit(X: Any, y: np.ndarray, epochs: int, batch: int, seed: int) -> float:
     """Seconds of ``epochs`` shuffled epochs of :func:`_floor_session`'s step, each batch made by
     the padded fill the fit uses (core's ``padded_rows``): what any onnxruntime graph of this
@@ -405,38 +417,30 @@ def _floor_fit(X: Any, y: np.ndarray, epochs: int, batch: int, seed: int) -> flo
     values, columns = padded_rows(X, dtype=np.float32)
     session = _floor_session(helper.np_dtype_to_tensor_dtype(columns.dtype))
     bufs = [np.empty((batch, values.width), a.dtype) for a in (values, columns)]
-    signs, rng = np.where(y > 0, 1, -1).astype(np.float32), np.random.default_rng(seed)
+    signs = np.where(y > 0, 1, -1).astype(np.float32)
     W, b = np.zeros(X.shape[1], np.float32), np.zeros(1, np.float32)
-    lr, alpha, n = 0.01, 1e-4, X.shape[0]
-    decay = np.array(1 - lr * alpha, np.float32)
+    decay = np.array(1 - REFERENCE_RATE * REFERENCE_ALPHA, np.float32)
     start = CLOCK()
-    for _ in range(epochs):
-        order = rng.permutation(n)
-        for s in range(0, n, batch):
-            rows = order[s : s + batch]
-            for part, buf in zip((values, columns), bufs):
-                part.rows_into(rows, buf[: len(rows)])
-            feeds = {"values": bufs[0][: len(rows)], "columns": bufs[1][: len(rows)], "y": signs[rows]}
-            rate = np.array(lr / len(rows), np.float32)
-            W, b = session.run(None, {**feeds, "W": W, "b": b, "rate": rate, "decay": decay})
+    for rows in _reference_batches(X.shape[0], epochs, batch, seed):
+        for part, buf in zip((values, columns), bufs):
+            part.rows_into(rows, buf[: len(rows)])
+        feeds = {"values": bufs[0][: len(rows)], "columns": bufs[1][: len(rows)], "y": signs[rows]}
+        rate = np.array(REFERENCE_RATE / len(rows), np.float32)
+        W, b = session.run(None, {**feeds, "W": W, "b": b, "rate": rate, "decay": decay})
     return CLOCK() - start
 
 
 def _scipy_fit(X: Any, y: np.ndarray, epochs: int, batch: int, seed: int) -> float:
     """Seconds of :func:`_floor_fit`'s epochs with the step's products in scipy and numpy (no
     onnxruntime): what the route that leaves them outside the graph would cost."""
-    signs, rng = np.where(y > 0, 1.0, -1.0), np.random.default_rng(seed)
-    W, b, lr, n = np.zeros(X.shape[1]), 0.0, 0.01, X.shape[0]
+    signs, W, b = np.where(y > 0, 1.0, -1.0), np.zeros(X.shape[1]), 0.0
     start = CLOCK()
-    for _ in range(epochs):
-        order = rng.permutation(n)
-        for s in range(0, n, batch):
-            rows = order[s : s + batch]
-            X_b, y_b = X[rows], signs[rows]
-            step = np.where(y_b * (X_b @ W + b) < 1, y_b, 0.0) * (lr / len(rows))
-            W *= 1 - lr * 1e-4
-            W += X_b.T @ step
-            b += step.sum()
+    for rows in _reference_batches(X.shape[0], epochs, batch, seed):
+        X_b, y_b = X[rows], signs[rows]
+        step = np.where(y_b * (X_b @ W + b) < 1, y_b, 0.0) * (REFERENCE_RATE / len(rows))
+        W *= 1 - REFERENCE_RATE * REFERENCE_ALPHA
+        W += X_b.T @ step
+        b += step.sum()
     return CLOCK() - start
 
 
@@ -472,27 +476,24 @@ def sparse_text_lines(case: dict[str, Any]) -> list[str]:
         for who in ("ours", "sk")
     }
     rows = [["OrtSGDClassifier", *mean["ours"]], ["SGDClassifier", *mean["sk"]]]
-    floors = [r["floor"]["fit"] for r in case["runs"] if "floor" in r]  # reports before 2026-11-28 lack it
-    if floors:
+    floor_line = []  # reports written before the references (bb0ed02) have none
+    if all("floor" in r for r in case["runs"]):
         sk_fit = sum(r["sk"]["fit"] for r in case["runs"])
-        scipy_fit = [r["floor"]["scipy"] for r in case["runs"]]
-        for name, fits in (("the floor (one fused step)", floors), ("the step in scipy", scipy_fit)):
+        floor, scipy_fit = ([r["floor"][k] for r in case["runs"]] for k in ("fit", "scipy"))
+        for name, fits in (("the floor (one fused step)", floor), ("the step in scipy", scipy_fit)):
             rows.append([name, f"{1e3 * np.mean(fits):.4g}", "ours'", *["-"] * 3])
+        floor_line = [
+            "\nThe floor: ours' epochs of one hand-written onnxruntime step a batch (gather, products,"
+            " hinge, scatter-add into the decayed W; no loss value), filled as ours: "
+            f"{sum(floor) / sk_fit:.2f}x scikit-learn's fit time. Any graph of this design costs at"
+            f" least that. The same step in scipy and numpy: {sum(scipy_fit) / sk_fit:.2f}x."
+        ]
     return [
         f"\n### Sparse text: CSR {case['train']} x {case['features']}, density {case['density']:g}, hinge, "
         f"defaults ({len(case['runs'])} seed(s), {case.get('threads', 'one thread')})\n",
         f"Extra memory: {common.RssSampler().method}; predict: {case['predict']} sparse rows, best of 5.\n",
         *common.markdown_table(["estimator", "fit ms", "n_iter_", "accuracy", "MiB", "predict ms"], rows),
-        *(
-            [
-                "\nThe floor: ours' epochs of one hand-written onnxruntime step a batch (gather, products,"
-                " hinge, scatter-add into the decayed W; no loss value), filled as ours: "
-                f"{sum(floors) / sk_fit:.2f}x scikit-learn's fit time. Any graph of this design costs at"
-                f" least that. The same step in scipy and numpy: {sum(scipy_fit) / sk_fit:.2f}x."
-            ]
-            if floors
-            else []
-        ),
+        *floor_line,
         *["", *common.targets_table(case["targets"])],
     ]
 

@@ -2,7 +2,8 @@
 length: onnx's shape inference with data propagation (the ``onnx`` backend's walk runs it at each
 graph build) holds a 1-D tensor of known length n as n unknown values, about 130 bytes and
 0.2 us each per call (a 784-2000-10 MLP's penalty took +200 MiB and +1.2 s to build its step).
-The value and gradient of the penalty stay numpy's."""
+The penalty's value stays numpy's here (training with it is checked against numpy in
+test_backend_param)."""
 
 from __future__ import annotations
 
